@@ -61,8 +61,8 @@ def _quantize_blocks(x_fp32: torch.Tensor, rounding: str) -> tuple[torch.Tensor,
 
 
 def _check_float(x: torch.Tensor) -> None:
-    if x.dtype not in (torch.bfloat16, torch.float32, torch.float16):
-        raise ValueError(f"MXFP8 quantization needs a bf16/fp16/fp32 tensor, got {x.dtype}")
+    if x.dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"MXFP8 quantization needs a bf16 or fp32 tensor, got {x.dtype}")
 
 
 def _exponent_to_e8m0(biased: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,496 @@
+"""Triton MXFP8 kernels, bit-exact with `reference.py`, one pass over memory each.
+
+Every quantizer is one kernel, `_mx_quant_kernel`, over a logical view X[b, r, c] of its input:
+blocks of 32 run along r; r may be cut into groups (token groups of the weight gradient; a block
+never straddles two groups), c is the other dim, b a batch (experts). The kernel writes either
+float8 data + e8m0 scales, or the dequantized values (the fused quantize-dequantize of the Hopper
+path). Scales go to one of three layouts (DESIGN §4):
+  PLAIN       scale[b, block, c] at arbitrary strides;
+  BLOCKED_COL groups along the block dim, each group's [C, blocks_g] tiles back to back (wgrad);
+  BLOCKED_ROW groups along c (token rows, forward/input-grad) or one group per batch (3-D weights).
+No wrapper reads `offs` on the host: grids are sized by static bounds and programs past the
+data exit early.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import reference as ref
+
+PLAIN, BLOCKED_COL, BLOCKED_ROW = 0, 1, 2
+_BLOCK_C = 64
+
+
+@triton.jit
+def _count_le(ends_ptr, n: tl.constexpr, x):
+    """Number of i < n with ends[i] <= x, i.e. the group holding index x (n if past the end)."""
+    g = x * 0
+    for i in range(n):
+        g += (tl.load(ends_ptr + i) <= x).to(tl.int32)
+    return g
+
+
+@triton.jit
+def _group_start(ends_ptr, g):
+    return tl.load(ends_ptr + g - 1, mask=g > 0, other=0)
+
+
+@triton.jit
+def _load_f32(ptr, mask, IN_BF16: tl.constexpr):
+    """Load bf16 (passed as int16 bits) or fp32 as fp32; bf16 widens by a shift, so subnormals
+    survive on every backend (the interpreter flushes them in a bf16 -> fp32 cast)."""
+    if IN_BF16:
+        bits = tl.load(ptr, mask=mask, other=0).to(tl.int32) << 16
+        return bits.to(tl.float32, bitcast=True)
+    return tl.load(ptr, mask=mask, other=0.0)
+
+
+@triton.jit
+def _store_f32(ptr, y, mask, OUT_BF16: tl.constexpr):
+    """Store fp32 as fp32, or as bf16 bits (int16 pointer) rounded to nearest even."""
+    if OUT_BF16:
+        bits = y.to(tl.int32, bitcast=True)
+        u = bits & 0x7FFFFFFF
+        r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+        r = tl.where(u > 0x7F800000, 0x7FC0, r) | ((bits >> 16) & 0x8000)
+        tl.store(ptr, r.to(tl.int16), mask=mask)
+    else:
+        tl.store(ptr, y, mask=mask)
+
+
+@triton.jit
+def _e4m3_encode(q, sign):
+    """float32 |q| <= 448 (or NaN) -> float8_e4m3fn byte, round-to-nearest-even, in integer math
+    (the interpreter's float8 cast rounds wrongly; this is exact on every backend)."""
+    u = q.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    e32 = u >> 23
+    # normal e4m3 (>= 2^-6): round away the low 20 mantissa bits, carrying into the exponent
+    normal = ((u + 0x7FFFF + ((u >> 20) & 1)) >> 20) - (120 << 3)
+    # subnormal e4m3: round (1.m * 2^23) / 2^s to an integer, s = 141 - e32
+    mfull = (u & 0x7FFFFF) | 0x800000
+    s = tl.minimum(141 - e32, 25)
+    s = tl.maximum(s, 1)
+    half = 1 << (s - 1)
+    qi = mfull >> s
+    rem = mfull - (qi << s)
+    sub = qi + ((rem > half) | ((rem == half) & ((qi & 1) == 1))).to(tl.int32)
+    code = tl.where(e32 >= 121, normal, sub)
+    code = tl.where(q != q, 0x7F, code)
+    return (code | (sign << 7)).to(tl.uint8)
+
+
+@triton.jit
+def _e4m3_decode(code):
+    """float8_e4m3fn byte (int32) -> float32."""
+    e4 = (code >> 3) & 0xF
+    m3 = code & 7
+    mag = tl.where(e4 > 0, ((e4 + 120) << 23) | (m3 << 20), 0).to(tl.float32, bitcast=True)
+    mag = tl.where(e4 > 0, mag, m3.to(tl.float32) * 0.001953125)  # subnormal: m * 2^-9
+    mag = tl.where((code & 0x7F) == 0x7F, float("nan"), mag)
+    return tl.where((code & 0x80) != 0, -mag, mag)
+
+
+@triton.jit
+def _e8m0_to_float(biased):
+    bits = tl.where(biased > 0, biased << 23, 1 << 22)  # byte 0 is the subnormal 2^-127
+    return tl.where(biased == 255, 0x7FC00000, bits).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _blocked_offset(row, col, Wp):
+    """Byte of element (row, col) in a blocked (128x4 tiles, SWIZZLE_32_4_4) matrix Wp columns wide."""
+    tile = (row // 128) * (Wp // 4) + col // 4
+    return tile * 512 + (row % 32) * 16 + ((row // 32) % 4) * 4 + col % 4
+
+
+@triton.jit
+def _scale_offsets(
+    b, row, col, ss_b, ss_col, ss_row, ends_ptr, G: tl.constexpr, starts_ptr, Hp, Wp, MODE: tl.constexpr
+):
+    """Offset of the scale of block `col` of native-orientation row `row` (+ validity mask).
+
+    BLOCKED_COL: `ends_ptr` holds cumulative per-group block counts; BLOCKED_ROW: group row ends.
+    `starts_ptr` holds each group's first tile column (BLOCKED_COL) or row (BLOCKED_ROW).
+    """
+    if MODE == 0:
+        return b * ss_b + col * ss_col + row * ss_row, row >= 0
+    elif MODE == 1:
+        g = _count_le(ends_ptr, G, col)
+        valid = g < G
+        first = _group_start(ends_ptr, g)
+        nblk = tl.load(ends_ptr + g, mask=valid, other=0) - first
+        base = tl.load(starts_ptr + g, mask=valid, other=0) * Hp
+        return base + _blocked_offset(row, col - first, (nblk + 3) // 4 * 4), valid
+    else:
+        g = _count_le(ends_ptr, G, row)
+        valid = g < G
+        first = _group_start(ends_ptr, g)
+        base = b * Hp * Wp + tl.load(starts_ptr + g, mask=valid, other=0) * Wp
+        return base + _blocked_offset(row - first, col, Wp), valid
+
+
+@triton.jit
+def _mx_quant_kernel(
+    x_ptr, sx_b, sx_r, sx_c,
+    y_ptr, sy_b, sy_r, sy_c,
+    s_ptr, ss_b, ss_blk, ss_c,
+    R, C,
+    r_ends_ptr, r_blk_ends_ptr, G_R: tl.constexpr, y_starts_ptr,
+    s_ends_ptr, s_starts_ptr, G_S: tl.constexpr, Hp, Wp,
+    RCEIL: tl.constexpr,
+    DEQUANT: tl.constexpr,
+    SCALE_MODE: tl.constexpr,
+    HAS_TAIL: tl.constexpr,
+    PAD_Y: tl.constexpr,
+    IN_BF16: tl.constexpr,
+    OUT_BF16: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    j = tl.program_id(0)  # global block index along r
+    b = tl.program_id(2).to(tl.int64)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_ok = c < C
+    rr = tl.arange(0, 32)
+    n_blocks = tl.load(r_blk_ends_ptr + G_R - 1)
+    if j >= n_blocks:
+        if HAS_TAIL:
+            # rows past the last group end hold zeros; the extra programs after the static bound
+            # of blocks (R // 32 + G_R) each clear 32 of them
+            t = j - (R // 32 + G_R)
+            r = tl.load(r_ends_ptr + G_R - 1) + t * 32 + rr
+            m = (t >= 0) & (r < R)[:, None] & c_ok[None, :]
+            zero = tl.zeros([32, BLOCK_C], dtype=y_ptr.dtype.element_ty)
+            tl.store(y_ptr + b * sy_b + r[:, None] * sy_r + c[None, :] * sy_c, zero, mask=m)
+        return
+    g = _count_le(r_blk_ends_ptr, G_R, j)
+    first_blk = _group_start(r_blk_ends_ptr, g)
+    row0 = _group_start(r_ends_ptr, g)
+    r = row0 + (j - first_blk) * 32 + rr
+    m = (r < tl.load(r_ends_ptr + g))[:, None] & c_ok[None, :]
+    x = _load_f32(x_ptr + b * sx_b + r[:, None] * sx_r + c[None, :] * sx_c, m, IN_BF16)
+    sign = (x.to(tl.int32, bitcast=True) >> 31) & 1
+
+    ax = tl.abs(x)
+    nonfinite = tl.max(((x != x) | (ax == float("inf"))).to(tl.int32), axis=0)
+    bits = tl.max(ax, axis=0).to(tl.int32, bitcast=True)
+    biased = ((bits >> 23) & 0xFF) - 8
+    if RCEIL:
+        biased += ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)
+    biased = tl.minimum(tl.maximum(biased, 0), 254)
+    biased = tl.where(nonfinite > 0, 255, biased)
+    inv = tl.where(biased == 255, 127 << 23, (254 - biased) << 23).to(tl.float32, bitcast=True)
+    q = x * inv[None, :]
+    q = tl.where(q != q, q, tl.minimum(tl.maximum(q, -448.0), 448.0))
+    q8 = _e4m3_encode(q, sign)
+
+    if PAD_Y:
+        r = r + (tl.load(y_starts_ptr + g) - row0)
+    y_offs = b * sy_b + r[:, None] * sy_r + c[None, :] * sy_c
+    if DEQUANT:
+        y = _e4m3_decode(q8.to(tl.int32)) * _e8m0_to_float(biased)[None, :]
+        _store_f32(y_ptr + y_offs, y, m, OUT_BF16)
+    else:
+        tl.store(y_ptr + y_offs, q8, mask=m)
+        s_offs, s_ok = _scale_offsets(
+            b, c, j, ss_b, ss_blk, ss_c, s_ends_ptr, G_S, s_starts_ptr, Hp, Wp, SCALE_MODE
+        )
+        tl.store(s_ptr + s_offs, biased.to(tl.uint8), mask=c_ok & s_ok)
+
+
+@triton.jit
+def _dequant_kernel(
+    q_ptr, sq_b, sq_r, sq_c, s_ptr, ss_b, ss_r, ss_c, y_ptr, sy_b, sy_r, sy_c, C,
+    OUT_BF16: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    j = tl.program_id(0)
+    b = tl.program_id(2).to(tl.int64)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_ok = c < C
+    r = j * 32 + tl.arange(0, 32)
+    q = tl.load(q_ptr + b * sq_b + r[:, None] * sq_r + c[None, :] * sq_c, mask=c_ok[None, :])
+    biased = tl.load(s_ptr + b * ss_b + j * ss_r + c * ss_c, mask=c_ok).to(tl.int32)
+    y = _e4m3_decode(q.to(tl.int32)) * _e8m0_to_float(biased)[None, :]
+    _store_f32(y_ptr + b * sy_b + r[:, None] * sy_r + c[None, :] * sy_c, y, c_ok[None, :], OUT_BF16)
+
+
+@triton.jit
+def _to_blocked_kernel(
+    s_ptr, ss_b, ss_r, ss_c, out_ptr, rows, cols, ends_ptr, G: tl.constexpr, starts_ptr, Hp, Wp,
+    MODE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
+):
+    b = tl.program_id(2).to(tl.int64)
+    row = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    col = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)[None, :]
+    m = (row < rows) & (col < cols)
+    v = tl.load(s_ptr + b * ss_b + row * ss_r + col * ss_c, mask=m)
+    offs, ok = _scale_offsets(b, row, col, 0, 0, 0, ends_ptr, G, starts_ptr, Hp, Wp, MODE)
+    tl.store(out_ptr + offs, v, mask=m & ok)
+
+
+# --------------------------------------------------------------------------------------------
+# Host wrappers (no host synchronisation)
+
+
+def _view3(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, int, int]:
+    """View x as X[b, r, c] with blocks along r = `dim`; returns (view, dim, batch dim or -1)."""
+    if x.dim() == 1:
+        return x.view(1, -1, 1), 0, -1
+    if x.dim() > 3:
+        raise ValueError(f"Triton MXFP8 kernels take 1-D to 3-D tensors, got {x.dim()}-D")
+    dim = dim % x.dim()
+    if x.dim() == 2:
+        other = 1 - dim
+        return x.permute(dim, other).unsqueeze(0), dim, -1
+    bdim = 0 if dim != 0 else 1
+    other = ({0, 1, 2} - {dim, bdim}).pop()
+    return x.permute(bdim, dim, other), dim, bdim
+
+
+def _scale_view(scales: torch.Tensor, x_dim: int, dim: int) -> torch.Tensor:
+    if x_dim == 1:
+        return scales.view(1, -1, 1)
+    if x_dim == 2:
+        return scales.permute(dim, 1 - dim).unsqueeze(0)
+    bdim = 0 if dim != 0 else 1
+    other = ({0, 1, 2} - {dim, bdim}).pop()
+    return scales.permute(bdim, dim, other)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """bf16 tensors travel as int16 bits (see `_load_f32`)."""
+    return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+
+
+def _one_group(n: int, device: torch.device) -> torch.Tensor:
+    return torch.tensor([n], dtype=torch.int32, device=device)
+
+
+def _launch_quant(
+    x3: torch.Tensor, y3: torch.Tensor, rounding: str, *, dequant: bool,
+    s3: torch.Tensor | None = None, scale_mode: int = PLAIN,
+    r_ends: torch.Tensor | None = None, y_starts: torch.Tensor | None = None,
+    s_ends: torch.Tensor | None = None, s_starts: torch.Tensor | None = None,
+    Hp: int = 0, Wp: int = 0, scale_buf: torch.Tensor | None = None,
+) -> None:
+    ref.check_rounding(rounding)
+    B, R, C = x3.shape
+    dev = x3.device
+    grouped = r_ends is not None
+    if not grouped:
+        if R % ref.BLOCK:
+            raise ValueError(f"block dim of size {R} is not a multiple of {ref.BLOCK}")
+        r_ends = _one_group(R, dev)
+    G_R = r_ends.numel()
+    r_blk_ends = torch.cumsum((torch.diff(r_ends, prepend=r_ends.new_zeros(1)) + 31) // 32, 0, dtype=torch.int32)
+    n_prog = (ref.group_scale_rows(R, G_R) + triton.cdiv(R, 32)) if grouped else R // 32
+    if s_ends is None:
+        s_ends = r_blk_ends if scale_mode == BLOCKED_COL else _one_group(C, dev)
+    if s_starts is None:
+        s_starts = torch.zeros(1, dtype=torch.int32, device=dev)
+    if scale_buf is None:
+        scale_buf, strides = y3, (0, 0, 0)  # unused (dequantize mode)
+    else:
+        strides = s3.stride() if s3 is not None else (0, 0, 0)
+    grid = (n_prog, triton.cdiv(C, _BLOCK_C), B)
+    in_bf16, out_bf16 = x3.dtype == torch.bfloat16, y3.dtype == torch.bfloat16
+    _mx_quant_kernel[grid](
+        _bits(x3), *x3.stride(), _bits(y3), *y3.stride(), scale_buf, *strides, R, C,
+        r_ends, r_blk_ends, G_R, y_starts if y_starts is not None else r_ends,
+        s_ends, s_starts, s_ends.numel(), Hp, Wp,
+        RCEIL=rounding == "rceil", DEQUANT=dequant, SCALE_MODE=scale_mode,
+        HAS_TAIL=grouped and y_starts is None, PAD_Y=y_starts is not None,
+        IN_BF16=in_bf16, OUT_BF16=out_bf16, BLOCK_C=_BLOCK_C,
+    )
+
+
+def quantize(x: torch.Tensor, dim: int = -1, rounding: str = "rceil") -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton twin of `reference.quantize` (1-D to 3-D inputs, any strides)."""
+    ref._check_float(x)
+    dim = dim % x.dim()
+    if x.shape[dim] % ref.BLOCK:
+        raise ValueError(f"dim {dim} of shape {tuple(x.shape)} must be a multiple of {ref.BLOCK}")
+    data = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
+    s_shape = list(x.shape)
+    s_shape[dim] //= ref.BLOCK
+    scales = torch.empty(s_shape, dtype=torch.uint8, device=x.device)
+    x3, _, _ = _view3(x, dim)
+    s3 = _scale_view(scales, x.dim(), dim)
+    _launch_quant(x3, _view3(data, dim)[0], rounding, dequant=False, s3=s3, scale_buf=scales)
+    return data.view(torch.float8_e4m3fn), scales.view(torch.float8_e8m0fnu)
+
+
+def quantize_dequantize(
+    x: torch.Tensor, dim: int = -1, rounding: str = "rceil", dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """Fused dequantize(quantize(x)) in one pass; output contiguous in x's shape."""
+    ref._check_float(x)
+    dim = dim % x.dim()
+    if x.shape[dim] % ref.BLOCK:
+        raise ValueError(f"dim {dim} of shape {tuple(x.shape)} must be a multiple of {ref.BLOCK}")
+    y = torch.empty(x.shape, dtype=dtype or x.dtype, device=x.device)
+    _launch_quant(_view3(x, dim)[0], _view3(y, dim)[0], rounding, dequant=True)
+    return y
+
+
+def dequantize(
+    data: torch.Tensor, scales: torch.Tensor, dim: int = -1, dtype: torch.dtype = torch.bfloat16
+) -> torch.Tensor:
+    """Triton twin of `reference.dequantize`."""
+    if dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"dequantize writes bf16 or fp32, got {dtype}")
+    dim = dim % data.dim()
+    y = torch.empty(data.shape, dtype=dtype, device=data.device)
+    q3, _, _ = _view3(data.view(torch.uint8), dim)
+    s3 = _scale_view(scales.view(torch.uint8), data.dim(), dim)
+    y3, _, _ = _view3(y, dim)
+    B, R, C = q3.shape
+    _dequant_kernel[(R // 32, triton.cdiv(C, _BLOCK_C), B)](
+        q3, *q3.stride(), s3, *s3.stride(), _bits(y3), *y3.stride(), C,
+        OUT_BF16=dtype == torch.bfloat16, BLOCK_C=_BLOCK_C,
+    )
+    return y
+
+
+def _check_groups(x_MK: torch.Tensor, offs: torch.Tensor) -> None:
+    ref._check_float(x_MK)
+    if x_MK.dim() != 2:
+        raise ValueError(f"grouped quantization takes a 2-D [M, K] tensor, got {tuple(x_MK.shape)}")
+    ref.check_offs(offs, x_MK.shape[0])
+
+
+def quantize_groups(
+    x_MK: torch.Tensor, offs: torch.Tensor, rounding: str = "rceil"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton twin of `reference.quantize_groups`: data [M, K], scales [M // 32 + G, K]."""
+    _check_groups(x_MK, offs)
+    M, K = x_MK.shape
+    data = torch.empty(M, K, dtype=torch.uint8, device=x_MK.device)
+    scales = torch.zeros(ref.group_scale_rows(M, offs.numel()), K, dtype=torch.uint8, device=x_MK.device)
+    x3 = x_MK.unsqueeze(0)
+    _launch_quant(x3, data.unsqueeze(0), rounding, dequant=False, s3=scales.unsqueeze(0),
+                  r_ends=offs, scale_buf=scales)
+    return data.view(torch.float8_e4m3fn), scales.view(torch.float8_e8m0fnu)
+
+
+def quantize_dequantize_groups(
+    x_MK: torch.Tensor, offs: torch.Tensor, rounding: str = "rceil", dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """Fused per-group quantize-dequantize along the tokens; rows past offs[-1] are 0."""
+    _check_groups(x_MK, offs)
+    y = torch.empty(x_MK.shape, dtype=dtype or x_MK.dtype, device=x_MK.device)
+    _launch_quant(x_MK.unsqueeze(0), y.unsqueeze(0), rounding, dequant=True, r_ends=offs)
+    return y
+
+
+# --------------------------------------------------------------------------------------------
+# Operands of the native GEMM: scales written straight into the blocked layout
+
+
+def quantize_rows_blocked(
+    x_MK: torch.Tensor, offs: torch.Tensor, rounding: str = "rceil"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize token rows along K; scales blocked per token group (`to_blocked_groups` "rows")."""
+    _check_groups(x_MK, offs)
+    M, K = x_MK.shape
+    if K % ref.BLOCK:
+        raise ValueError(f"K={K} must be a multiple of {ref.BLOCK}")
+    Wp = ref._round_up(K // ref.BLOCK, 4)
+    G = offs.numel()
+    data = torch.empty(M, K, dtype=torch.uint8, device=x_MK.device)
+    buf = torch.zeros(M + G * 128, Wp, dtype=torch.uint8, device=x_MK.device)
+    starts = ref.blocked_group_starts(offs, "rows")
+    _launch_quant(x_MK.t().unsqueeze(0), data.t().unsqueeze(0), rounding, dequant=False,
+                  scale_mode=BLOCKED_ROW, s_ends=offs, s_starts=starts, Hp=0, Wp=Wp, scale_buf=buf)
+    return data.view(torch.float8_e4m3fn), buf.view(torch.float8_e8m0fnu)
+
+
+def quantize_weight_blocked(
+    w_ENK: torch.Tensor, rounding: str = "rceil"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize 3-D weights [E, N, K] along K (any strides) into contiguous data [E, N, K] and
+    per-expert blocked scales (E, round_up(N,128) * round_up(K/32,4))."""
+    ref._check_float(w_ENK)
+    E, N, K = w_ENK.shape
+    if K % ref.BLOCK:
+        raise ValueError(f"K={K} must be a multiple of {ref.BLOCK}")
+    Hp, Wp = ref._round_up(N, 128), ref._round_up(K // ref.BLOCK, 4)
+    data = torch.empty(E, N, K, dtype=torch.uint8, device=w_ENK.device)
+    buf = torch.zeros(E, Hp * Wp, dtype=torch.uint8, device=w_ENK.device)
+    _launch_quant(w_ENK.transpose(1, 2), data.transpose(1, 2), rounding, dequant=False,
+                  scale_mode=BLOCKED_ROW, Hp=Hp, Wp=Wp, scale_buf=buf)
+    return data.view(torch.float8_e4m3fn), buf.view(torch.float8_e8m0fnu)
+
+
+def quantize_groups_blocked(
+    x_MK: torch.Tensor, offs: torch.Tensor, rounding: str = "rceil"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Weight-gradient operand: quantize [M, K] along the tokens per group, written transposed as
+    data [K, M + 32*G] with each group zero-padded to a multiple of 32 rows, scales blocked per
+    group (`to_blocked_groups` "cols" of [K, blocks]). Returns (data_KMp, scales, padded_offs)."""
+    _check_groups(x_MK, offs)
+    M, K = x_MK.shape
+    G = offs.numel()
+    Mp = ref._round_up(M, 32) + 32 * G
+    sizes = torch.diff(offs, prepend=offs.new_zeros(1))
+    padded_offs = torch.cumsum((sizes + 31) // 32 * 32, 0, dtype=torch.int32)
+    y_starts = padded_offs - (sizes + 31) // 32 * 32
+    data = torch.zeros(K, Mp, dtype=torch.uint8, device=x_MK.device)
+    Hp = ref._round_up(K, 128)
+    S = ref.group_scale_rows(M, G)
+    buf = torch.zeros(Hp, S + 4 * G, dtype=torch.uint8, device=x_MK.device)
+    starts = ref.blocked_group_starts(offs, "cols")
+    _launch_quant(x_MK.unsqueeze(0), data.t().unsqueeze(0), rounding, dequant=False,
+                  scale_mode=BLOCKED_COL, r_ends=offs, y_starts=y_starts,
+                  s_starts=starts, Hp=Hp, scale_buf=buf)
+    return data.view(torch.float8_e4m3fn), buf.view(torch.float8_e8m0fnu), padded_offs
+
+
+# --------------------------------------------------------------------------------------------
+# Standalone layout kernels
+
+
+def to_blocked(scales: torch.Tensor) -> torch.Tensor:
+    """Triton twin of `reference.to_blocked`."""
+    if scales.dim() not in (2, 3):
+        raise ValueError(f"to_blocked takes 2-D or 3-D scales, got {scales.dim()}-D")
+    s3 = scales.view(torch.uint8)
+    s3 = s3.unsqueeze(0) if s3.dim() == 2 else s3
+    B, H, W = s3.shape
+    Hp, Wp = ref._round_up(H, 128), ref._round_up(W, 4)
+    out = torch.zeros(B, Hp * Wp, dtype=torch.uint8, device=scales.device)
+    _launch_blocked(s3, out, BLOCKED_ROW, _one_group(H, scales.device),
+                    torch.zeros(1, dtype=torch.int32, device=scales.device), Hp, Wp)
+    out = out.view(Hp, Wp) if scales.dim() == 2 else out
+    return out.view(torch.float8_e8m0fnu)
+
+
+def to_blocked_groups(
+    scales: torch.Tensor, offs: torch.Tensor, along: str = "rows"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton twin of `reference.to_blocked_groups`."""
+    if scales.dim() != 2:
+        raise ValueError(f"to_blocked_groups takes 2-D scales, got {scales.dim()}-D")
+    rows, cols = scales.shape
+    G = offs.numel()
+    starts = ref.blocked_group_starts(offs, along)
+    s3 = scales.view(torch.uint8).unsqueeze(0)
+    if along == "rows":
+        Wp = ref._round_up(cols, 4)
+        out = torch.zeros(rows + G * 128, Wp, dtype=torch.uint8, device=scales.device)
+        _launch_blocked(s3, out, BLOCKED_ROW, offs, starts, 0, Wp)
+    else:
+        Hp = ref._round_up(rows, 128)
+        out = torch.zeros(Hp, cols + G * 4, dtype=torch.uint8, device=scales.device)
+        blk_ends = torch.cumsum((torch.diff(offs, prepend=offs.new_zeros(1)) + 31) // 32, 0, dtype=torch.int32)
+        _launch_blocked(s3, out, BLOCKED_COL, blk_ends, starts, Hp, 0)
+    return out.view(torch.float8_e8m0fnu), starts
+
+
+def _launch_blocked(s3, out, mode, ends, starts, Hp, Wp) -> None:
+    B, H, W = s3.shape
+    grid = (triton.cdiv(H, 64), triton.cdiv(W, 16), B)
+    _to_blocked_kernel[grid](s3, *s3.stride(), out, H, W, ends, ends.numel(), starts, Hp, Wp,
+                             MODE=mode, BLOCK_R=64, BLOCK_W=16)
