@@ -280,3 +280,47 @@ def to_blocked_groups(
             col += ncol
         buf = buf.view(Hp, cols + G * 4)
     return buf.view(torch.float8_e8m0fnu), starts
+
+
+# --------------------------------------------------------------------------------------------
+# Operands of the native GEMM (the Triton twins write the scales straight into these layouts)
+
+
+def quantize_rows_blocked(
+    x_MK: torch.Tensor, offs: torch.Tensor, rounding: str = "rceil"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows quantized along K: data [M, K], scales blocked per token group ("rows")."""
+    data, scales = quantize(x_MK, -1, rounding)
+    return data, to_blocked_groups(scales, offs, "rows")[0]
+
+
+def quantize_weight_blocked(
+    w_ENK: torch.Tensor, rounding: str = "rceil"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """3-D weights quantized along the last dim: contiguous data [E, N, K], per-expert blocked
+    scales (E, round_up(N,128) * round_up(K/32,4))."""
+    data, scales = quantize(w_ENK, -1, rounding)
+    return data, to_blocked(scales)
+
+
+def padded_group_offs(offs: torch.Tensor) -> torch.Tensor:
+    """Group ends after padding every group to a multiple of 32 rows."""
+    sizes = torch.diff(offs, prepend=offs.new_zeros(1))
+    return torch.cumsum((sizes + BLOCK - 1) // BLOCK * BLOCK, 0, dtype=torch.int32)
+
+
+def quantize_groups_blocked(
+    x_MK: torch.Tensor, offs: torch.Tensor, rounding: str = "rceil"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Weight-gradient operand: per-group quantization along the tokens, written transposed as
+    data [K, round_up(M,32) + 32*G] with every group zero-padded to a multiple of 32 tokens,
+    scales blocked per group ("cols"). Returns (data_KMp, scales, padded_offs)."""
+    M, K = x_MK.shape
+    G = offs.numel()
+    data_MK, scales_SK = quantize_groups(x_MK, offs, rounding)
+    padded = padded_group_offs(offs)
+    data_KMp = torch.zeros(K, _round_up(M, BLOCK) + BLOCK * G, dtype=torch.uint8, device=x_MK.device)
+    for (start, end), pend in zip(_group_bounds(offs), padded.tolist()):
+        pstart = pend - _round_up(max(end - start, 0), BLOCK)
+        data_KMp[:, pstart : pstart + end - start] = data_MK[start:end].view(torch.uint8).t()
+    return data_KMp.view(torch.float8_e4m3fn), to_blocked_groups(scales_SK.t(), offs, "cols")[0], padded

@@ -277,6 +277,8 @@ def _launch_quant(
 ) -> None:
     ref.check_rounding(rounding)
     B, R, C = x3.shape
+    if x3.numel() == 0:
+        return
     dev = x3.device
     grouped = r_ends is not None
     if not grouped:
@@ -435,7 +437,7 @@ def quantize_groups_blocked(
     G = offs.numel()
     Mp = ref._round_up(M, 32) + 32 * G
     sizes = torch.diff(offs, prepend=offs.new_zeros(1))
-    padded_offs = torch.cumsum((sizes + 31) // 32 * 32, 0, dtype=torch.int32)
+    padded_offs = ref.padded_group_offs(offs)
     y_starts = padded_offs - (sizes + 31) // 32 * 32
     data = torch.zeros(K, Mp, dtype=torch.uint8, device=x_MK.device)
     Hp = ref._round_up(K, 128)

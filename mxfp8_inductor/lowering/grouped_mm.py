@@ -1,0 +1,222 @@
+"""The differentiable MXFP8 grouped GEMM: torch.library custom ops, their autograd, device dispatch.
+
+out[M, N] = grouped_mm(a[M, K], b[E, K, N], offs) with every GEMM in MXFP8 (DESIGN §3):
+  forward      a along K,        b along K
+  input grad   dY along N,       b along N
+  weight grad  dY and a along M, per token group (blocks restart at every group)
+Three paths, chosen per call by `gemm_path`:
+  native     compute capability 10.x: float8 operands + blocked e8m0 scales into
+             `torch._scaled_grouped_mm` (never on 9.x: that call corrupts the CUDA context there);
+  triton     other CUDA GPUs: fused Triton quantize-dequantize (exact MXFP8 values, which bf16
+             holds exactly) feeding the bf16 `torch._grouped_mm`;
+  reference  CPU: the same emulation with the pure-torch reference.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+from ..kernels import reference
+
+LIB = "mxfp8"
+WGRAD_MODES = ("mxfp8", "bf16")
+_OUT_DTYPE = torch.bfloat16
+
+
+def gemm_path(device: torch.device, K: int, N: int) -> str:
+    """Which implementation runs a grouped GEMM with contraction K and output width N."""
+    if device.type != "cuda":
+        return "reference"
+    # the native scale layouts are verified only where K/32 and N/32 fill whole 4-column tiles
+    if torch.cuda.get_device_capability(device)[0] == 10 and K % 128 == 0 and N % 128 == 0:
+        return "native"
+    return "triton"
+
+
+def _kernels(device: torch.device) -> types.ModuleType:
+    if device.type == "cuda":
+        from ..kernels import triton_mx  # imported lazily: triton is optional off Linux
+
+        return triton_mx
+    return reference
+
+
+# --------------------------------------------------------------------------------------------
+# Native path arguments (pure functions of a kernels module, so CPU tests can check them
+# against torch's meta checks with the reference kernels)
+
+
+def native_forward_args(kern, a_MK, b_EKN, offs, rounding):
+    a_fp8, a_scales = kern.quantize_rows_blocked(a_MK, offs, rounding)
+    w_fp8_ENK, w_scales = kern.quantize_weight_blocked(b_EKN.transpose(-2, -1), rounding)
+    return a_fp8, w_fp8_ENK.transpose(-2, -1), a_scales, w_scales, offs
+
+
+def native_dgrad_args(kern, grad_MN, b_EKN, offs, rounding):
+    g_fp8, g_scales = kern.quantize_rows_blocked(grad_MN, offs, rounding)
+    w_fp8_EKN, w_scales = kern.quantize_weight_blocked(b_EKN, rounding)
+    return g_fp8, w_fp8_EKN.transpose(-2, -1), g_scales, w_scales, offs
+
+
+def native_wgrad_args(kern, grad_MN, a_MK, offs, rounding):
+    a_fp8_KMp, a_scales, padded_offs = kern.quantize_groups_blocked(a_MK, offs, rounding)
+    g_fp8_NMp, g_scales, _ = kern.quantize_groups_blocked(grad_MN, offs, rounding)
+    return a_fp8_KMp, g_fp8_NMp.t(), a_scales, g_scales, padded_offs
+
+
+def _scaled_grouped_mm(args) -> torch.Tensor:
+    return torch._scaled_grouped_mm(*args[:4], offs=args[4], out_dtype=_OUT_DTYPE)
+
+
+# --------------------------------------------------------------------------------------------
+# The three GEMMs
+
+
+def _forward(a_MK, b_EKN, offs, rounding):
+    K, N = b_EKN.shape[-2:]
+    path = gemm_path(a_MK.device, K, N)
+    kern = _kernels(a_MK.device)
+    if path == "native":
+        return _scaled_grouped_mm(native_forward_args(kern, a_MK, b_EKN, offs, rounding))
+    a_q = kern.quantize_dequantize(a_MK, -1, rounding, _OUT_DTYPE)
+    b_q = kern.quantize_dequantize(b_EKN, 1, rounding, _OUT_DTYPE)
+    return torch._grouped_mm(a_q, b_q, offs)
+
+
+def _dgrad(grad_MN, b_EKN, offs, rounding):
+    K, N = b_EKN.shape[-2:]
+    path = gemm_path(grad_MN.device, N, K)
+    kern = _kernels(grad_MN.device)
+    if path == "native":
+        return _scaled_grouped_mm(native_dgrad_args(kern, grad_MN, b_EKN, offs, rounding))
+    g_q = kern.quantize_dequantize(grad_MN, -1, rounding, _OUT_DTYPE)
+    b_q = kern.quantize_dequantize(b_EKN, 2, rounding, _OUT_DTYPE)
+    return torch._grouped_mm(g_q, b_q.transpose(-2, -1), offs)
+
+
+def _wgrad(grad_MN, a_MK, offs, rounding):
+    K, N = a_MK.shape[1], grad_MN.shape[1]
+    path = gemm_path(a_MK.device, K, N)
+    kern = _kernels(a_MK.device)
+    if path == "native":
+        dw_EKN = _scaled_grouped_mm(native_wgrad_args(kern, grad_MN, a_MK, offs, rounding))
+        # an empty group is skipped by the kernel: its gradient is 0, not whatever was in memory
+        sizes = torch.diff(offs, prepend=offs.new_zeros(1))
+        return torch.where((sizes > 0)[:, None, None], dw_EKN, 0)
+    a_q = kern.quantize_dequantize_groups(a_MK, offs, rounding, _OUT_DTYPE)
+    g_q = kern.quantize_dequantize_groups(grad_MN, offs, rounding, _OUT_DTYPE)
+    return torch._grouped_mm(a_q.t(), g_q, offs)
+
+
+# --------------------------------------------------------------------------------------------
+# Custom ops
+
+
+@torch.library.custom_op(f"{LIB}::grouped_mm", mutates_args=())
+def grouped_mm_op(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, rounding: str, wgrad: str) -> torch.Tensor:
+    return _forward(a, b, offs, rounding).to(a.dtype)
+
+
+@grouped_mm_op.register_fake
+def _(a, b, offs, rounding, wgrad):
+    return a.new_empty(a.shape[0], b.shape[-1])
+
+
+@torch.library.custom_op(f"{LIB}::grouped_mm_dgrad", mutates_args=())
+def grouped_mm_dgrad_op(grad: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, rounding: str) -> torch.Tensor:
+    return _dgrad(grad, b, offs, rounding).to(grad.dtype)
+
+
+@grouped_mm_dgrad_op.register_fake
+def _(grad, b, offs, rounding):
+    return grad.new_empty(grad.shape[0], b.shape[-2])
+
+
+@torch.library.custom_op(f"{LIB}::grouped_mm_wgrad", mutates_args=())
+def grouped_mm_wgrad_op(grad: torch.Tensor, a: torch.Tensor, offs: torch.Tensor, rounding: str) -> torch.Tensor:
+    return _wgrad(grad, a, offs, rounding).to(grad.dtype)
+
+
+@grouped_mm_wgrad_op.register_fake
+def _(grad, a, offs, rounding):
+    return grad.new_empty(offs.shape[0], a.shape[1], grad.shape[1])
+
+
+def _setup_context(ctx, inputs, output):
+    a, b, offs, rounding, wgrad = inputs
+    ctx.save_for_backward(a, b, offs)
+    ctx.rounding, ctx.wgrad = rounding, wgrad
+
+
+def _backward(ctx, grad):
+    a, b, offs = ctx.saved_tensors
+    grad = grad.contiguous()  # incoming gradients may be expanded (zero strides)
+    da = db = None
+    if ctx.needs_input_grad[0]:
+        da = grouped_mm_dgrad_op(grad, b, offs, ctx.rounding)
+    if ctx.needs_input_grad[1]:
+        if ctx.wgrad == "bf16":
+            db = torch._grouped_mm(a.to(_OUT_DTYPE).t(), grad.to(_OUT_DTYPE), offs).to(b.dtype)
+        else:
+            db = grouped_mm_wgrad_op(grad, a, offs, ctx.rounding).to(b.dtype)
+    return da, db, None, None, None
+
+
+grouped_mm_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# --------------------------------------------------------------------------------------------
+# Public entry
+
+
+def check_grouped_mm_args(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, rounding: str, wgrad: str) -> None:
+    """Raise ValueError naming the requirement a grouped_mm call breaks (values too, in eager)."""
+    reference.check_rounding(rounding)
+    if wgrad not in WGRAD_MODES:
+        raise ValueError(f"wgrad must be one of {WGRAD_MODES}, got {wgrad!r}")
+    for name, t in (("a", a), ("b", b)):
+        if t.dtype not in (torch.bfloat16, torch.float32):
+            raise ValueError(f"{name} must be bf16 or fp32, got {t.dtype}")
+    if a.dtype != b.dtype:
+        raise ValueError(f"a and b must share a dtype, got {a.dtype} and {b.dtype}")
+    if a.dim() != 2 or b.dim() != 3:
+        raise ValueError(f"need a[M, K] and b[E, K, N], got {tuple(a.shape)} and {tuple(b.shape)}")
+    E, K, N = b.shape
+    if a.shape[1] != K:
+        raise ValueError(f"contraction dims differ: a[M, {a.shape[1]}] vs b[E, {K}, N]")
+    if K % reference.BLOCK or N % reference.BLOCK:
+        raise ValueError(f"K={K} and N={N} must be multiples of {reference.BLOCK} for MXFP8 blocks")
+    if offs.dtype != torch.int32 or offs.dim() != 1:
+        raise ValueError(f"offs must be a 1-D int32 tensor, got {offs.dtype} with shape {tuple(offs.shape)}")
+    if offs.numel() != E:
+        raise ValueError(f"offs has {offs.numel()} group ends but b has E={E} experts")
+    if a.device != b.device or a.device != offs.device:
+        raise ValueError(f"a, b and offs must be on one device, got {a.device}, {b.device}, {offs.device}")
+    if not torch.compiler.is_compiling() and offs.numel():
+        # values are unknown while tracing; in eager this reads offs (a host sync on GPU)
+        ends = offs.cpu()
+        if bool((ends[1:] < ends[:-1]).any()) or int(ends[0]) < 0:
+            raise ValueError(f"offs must be non-decreasing group ends, got {ends.tolist()}")
+        if int(ends[-1]) > a.shape[0]:
+            raise ValueError(f"offs[-1]={int(ends[-1])} is past M={a.shape[0]}")
+
+
+def grouped_mm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    offs: torch.Tensor,
+    *,
+    rounding: str = "rceil",
+    wgrad: str = "mxfp8",
+) -> torch.Tensor:
+    """MXFP8 drop-in for `torch._grouped_mm(a[M, K], b[E, K, N], offs)` -> [M, N] in a's dtype.
+
+    Forward, input-gradient and weight-gradient GEMMs run in MXFP8 (`wgrad="bf16"` keeps the
+    weight gradient in bf16). `b` may be a transposed view of [E, N, K] or a contiguous
+    [E, K, N]; token groups may have any size (0 and non-multiples of 32 included). As with
+    `torch._grouped_mm`, output rows past offs[-1] are unspecified.
+    """
+    check_grouped_mm_args(a, b, offs, rounding, wgrad)
+    return grouped_mm_op(a, b, offs, rounding, wgrad)

@@ -1,0 +1,1 @@
+"""Finding and classifying routed-expert grouped matmuls in FX graphs (the compiler pass)."""
