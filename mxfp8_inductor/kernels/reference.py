@@ -90,7 +90,7 @@ def quantize(
     if x.shape[dim] % BLOCK:
         raise ValueError(f"dim {dim} of shape {tuple(x.shape)} must be a multiple of {BLOCK}")
     x_last = x.movedim(dim, -1).float()
-    blocks = x_last.reshape(*x_last.shape[:-1], -1, BLOCK)
+    blocks = x_last.reshape(*x_last.shape[:-1], x_last.shape[-1] // BLOCK, BLOCK)
     q, biased = _quantize_blocks(blocks, rounding)
     data = q.reshape(x_last.shape).movedim(-1, dim)
     scales = _exponent_to_e8m0(biased).movedim(-1, dim)

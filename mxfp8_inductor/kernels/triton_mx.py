@@ -90,7 +90,8 @@ def _e4m3_decode(code):
     mag = tl.where(e4 > 0, ((e4 + 120) << 23) | (m3 << 20), 0).to(tl.float32, bitcast=True)
     mag = tl.where(e4 > 0, mag, m3.to(tl.float32) * 0.001953125)  # subnormal: m * 2^-9
     mag = tl.where((code & 0x7F) == 0x7F, float("nan"), mag)
-    return tl.where((code & 0x80) != 0, -mag, mag)
+    # OR in the sign bit: Triton negates as 0 - x, which loses the sign of zero
+    return (mag.to(tl.int32, bitcast=True) | ((code & 0x80) << 24)).to(tl.float32, bitcast=True)
 
 
 @triton.jit

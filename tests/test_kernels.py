@@ -1,0 +1,153 @@
+"""Triton kernels (interpreter on CPU) are bit-exact with the pure-torch reference."""
+
+import pytest
+import torch
+from helpers import assert_bitwise_equal, make_offs
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mxfp8_inductor.kernels import reference as ref
+from mxfp8_inductor.kernels import triton_mx as tri
+
+SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+ROUNDING = st.sampled_from(["rceil", "floor"])
+DTYPE = st.sampled_from([torch.bfloat16, torch.float32])
+
+
+def _values(shape, seed: int, dtype, specials: bool) -> torch.Tensor:
+    """Random values spanning many binades, optionally with zero / subnormal / NaN / inf entries."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g) * torch.exp2(torch.randint(-40, 40, shape, generator=g).float())
+    if specials:
+        flat = x.view(-1)
+        n = flat.numel()
+        picks = torch.randint(0, n, (6,), generator=g)
+        flat[picks[0]] = float("nan")
+        flat[picks[1]] = float("inf")
+        flat[picks[2]] = -float("inf")
+        flat[picks[3]] = 2.0**-130
+        flat[picks[4] : picks[4] + 40] = 0.0
+        flat[picks[5] : picks[5] + 32] = 2.0**-133
+    return x.to(dtype)
+
+
+@st.composite
+def groups(draw, max_groups=6):
+    sizes = draw(st.lists(st.sampled_from([0, 1, 5, 31, 32, 33, 64, 70]), min_size=1, max_size=max_groups))
+    tail = draw(st.sampled_from([0, 3]))
+    return sizes, sum(sizes) + tail
+
+
+@SETTINGS
+@given(
+    rows=st.integers(1, 70),
+    nblk=st.integers(1, 4),
+    dim=st.sampled_from([0, 1]),
+    rounding=ROUNDING,
+    dtype=DTYPE,
+    specials=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_quantize_2d(rows, nblk, dim, rounding, dtype, specials, seed):
+    shape = (rows, 32 * nblk) if dim == 1 else (32 * nblk, rows)
+    x = _values(shape, seed, dtype, specials)
+    d_ref, s_ref = ref.quantize(x, dim, rounding)
+    d_tri, s_tri = tri.quantize(x, dim, rounding)
+    assert_bitwise_equal(d_tri, d_ref)
+    assert_bitwise_equal(s_tri, s_ref)
+    assert_bitwise_equal(tri.dequantize(d_ref, s_ref, dim, dtype), ref.dequantize(d_ref, s_ref, dim, dtype))
+    assert_bitwise_equal(tri.quantize_dequantize(x, dim, rounding), ref.quantize_dequantize(x, dim, rounding))
+
+
+@SETTINGS
+@given(
+    E=st.integers(1, 3),
+    nblk=st.integers(1, 2),
+    other=st.sampled_from([32, 40]),
+    dim=st.sampled_from([1, 2]),
+    transposed=st.booleans(),
+    rounding=ROUNDING,
+    seed=st.integers(0, 2**16),
+)
+def test_quantize_3d_weights(E, nblk, other, dim, transposed, rounding, seed):
+    """Weights [E, K, N] along K or N, from a contiguous tensor or a transposed view of [E, N, K]."""
+    K, N = (32 * nblk, other) if dim == 1 else (other, 32 * nblk)
+    w = _values((E, N, K), seed, torch.bfloat16, False).transpose(1, 2) if transposed else (
+        _values((E, K, N), seed, torch.bfloat16, False))
+    d_ref, s_ref = ref.quantize(w, dim, rounding)
+    d_tri, s_tri = tri.quantize(w, dim, rounding)
+    assert_bitwise_equal(d_tri, d_ref)
+    assert_bitwise_equal(s_tri, s_ref)
+    assert_bitwise_equal(tri.quantize_dequantize(w, dim, rounding), ref.quantize_dequantize(w, dim, rounding))
+
+
+@SETTINGS
+@given(g=groups(), K=st.sampled_from([32, 48, 96]), rounding=ROUNDING, dtype=DTYPE,
+       specials=st.booleans(), seed=st.integers(0, 2**16))
+def test_quantize_groups(g, K, rounding, dtype, specials, seed):
+    sizes, M = g
+    offs = make_offs(sizes)
+    x = _values((M, K), seed, dtype, specials and M > 80)
+    d_ref, s_ref = ref.quantize_groups(x, offs, rounding)
+    d_tri, s_tri = tri.quantize_groups(x, offs, rounding)
+    assert_bitwise_equal(d_tri, d_ref)
+    assert_bitwise_equal(s_tri, s_ref)
+    assert_bitwise_equal(
+        tri.quantize_dequantize_groups(x, offs, rounding), ref.quantize_dequantize_groups(x, offs, rounding)
+    )
+
+
+@SETTINGS
+@given(rows=st.integers(1, 300), cols=st.integers(1, 9), E=st.integers(0, 3), seed=st.integers(0, 2**16))
+def test_to_blocked(rows, cols, E, seed):
+    g = torch.Generator().manual_seed(seed)
+    shape = (E, rows, cols) if E else (rows, cols)
+    s = torch.randint(0, 256, shape, dtype=torch.uint8, generator=g).view(torch.float8_e8m0fnu)
+    assert_bitwise_equal(tri.to_blocked(s), ref.to_blocked(s))
+
+
+@SETTINGS
+@given(g=groups(max_groups=8), cols=st.integers(1, 9), along=st.sampled_from(["rows", "cols"]),
+       seed=st.integers(0, 2**16))
+def test_to_blocked_groups(g, cols, along, seed):
+    sizes, M = g
+    offs = make_offs(sizes)
+    gen = torch.Generator().manual_seed(seed)
+    # "rows": one scale row per token; "cols": `cols` is the feature dim and columns are 32-token blocks
+    shape = (M, cols) if along == "rows" else (cols * 37, ref.group_scale_rows(M, len(sizes)))
+    s = torch.randint(0, 256, shape, dtype=torch.uint8, generator=gen).view(torch.float8_e8m0fnu)
+    b_ref, st_ref = ref.to_blocked_groups(s, offs, along)
+    b_tri, st_tri = tri.to_blocked_groups(s, offs, along)
+    assert_bitwise_equal(b_tri, b_ref)
+    assert torch.equal(st_tri, st_ref)
+
+
+@SETTINGS
+@given(g=groups(), K=st.sampled_from([32, 64]), rounding=ROUNDING, seed=st.integers(0, 2**16))
+def test_native_operands(g, K, rounding, seed):
+    """The fused quantizers that write blocked scales (and padded wgrad data) match reference compositions."""
+    sizes, M = g
+    offs = make_offs(sizes)
+    x = _values((M, K), seed, torch.bfloat16, False)
+    for got, want in zip(tri.quantize_rows_blocked(x, offs, rounding), ref.quantize_rows_blocked(x, offs, rounding)):
+        assert_bitwise_equal(got, want)
+    got = tri.quantize_groups_blocked(x, offs, rounding)
+    want = ref.quantize_groups_blocked(x, offs, rounding)
+    for a, b in zip(got[:2], want[:2]):
+        assert_bitwise_equal(a, b)
+    assert torch.equal(got[2], want[2])
+    w = _values((len(sizes), 48, K), seed, torch.bfloat16, False)
+    for a, b in zip(tri.quantize_weight_blocked(w, rounding), ref.quantize_weight_blocked(w, rounding)):
+        assert_bitwise_equal(a, b)
+
+
+def test_bad_inputs_raise():
+    x = torch.randn(4, 48)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        tri.quantize(x)
+    with pytest.raises(ValueError, match="bf16 or fp32"):
+        tri.quantize(torch.ones(4, 32, dtype=torch.int32))
+    with pytest.raises(ValueError, match="rounding"):
+        tri.quantize(torch.randn(4, 32), rounding="nearest")
+    with pytest.raises(ValueError, match="int32"):
+        tri.quantize_groups(torch.randn(64, 32), torch.tensor([64]))
