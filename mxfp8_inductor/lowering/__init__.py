@@ -1,5 +1,5 @@
 """torch.library custom ops (schemas, fake impls, autograd) and their device dispatch."""
 
-from .grouped_mm import grouped_mm, gemm_path
+from .ops import grouped_mm, gemm_path
 
 __all__ = ["grouped_mm", "gemm_path"]

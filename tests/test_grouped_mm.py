@@ -1,0 +1,194 @@
+"""mxfp8_inductor.grouped_mm: accuracy vs bf16, paths, custom-op contracts, compile, bad input."""
+
+import pytest
+import torch
+from helpers import assert_bitwise_equal, make_offs, sqnr
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import mxfp8_inductor as mx
+from mxfp8_inductor.kernels import reference, triton_mx
+from mxfp8_inductor.lowering import ops as gm
+
+# uneven groups: empty ones, sizes that are not multiples of 32, and rows past offs[-1]
+GROUPS = {
+    1: [77],
+    4: [100, 0, 37, 119],
+    8: [0, 33, 64, 1, 90, 0, 31, 45],
+    64: [(7 * i) % 41 for i in range(64)],
+}
+
+
+def _problem(E, K=128, N=96, dtype=torch.bfloat16, transposed=True, seed=0, tail=5):
+    g = torch.Generator().manual_seed(seed)
+    offs = make_offs(GROUPS[E])
+    M = int(offs[-1]) + tail
+    a = torch.randn(M, K, generator=g).to(dtype)
+    if transposed:  # TorchTitan / HF Mixtral: [E, N, K] parameter passed as a transposed view
+        w = (torch.randn(E, N, K, generator=g) * 0.05).to(dtype)
+        b_of = lambda w: w.transpose(-2, -1)  # noqa: E731
+    else:  # gpt-oss: a contiguous [E, K, N] parameter
+        w = (torch.randn(E, K, N, generator=g) * 0.05).to(dtype)
+        b_of = lambda w: w  # noqa: E731
+    grad = torch.randn(M, N, generator=g).to(dtype)
+    return a, w, b_of, offs, grad
+
+
+def _run(fn, a, w, b_of, offs, grad):
+    a = a.clone().requires_grad_()
+    w = w.clone().requires_grad_()
+    out = fn(a, b_of(w), offs)
+    out.backward(grad)
+    return out.detach(), a.grad, w.grad
+
+
+def _bf16(a, b, offs):
+    return torch._grouped_mm(a, b, offs)
+
+
+@pytest.mark.parametrize("E", sorted(GROUPS))
+@pytest.mark.parametrize("rounding", ["rceil", "floor"])
+@pytest.mark.parametrize("transposed", [True, False])
+def test_sqnr_vs_bf16(E, rounding, transposed):
+    a, w, b_of, offs, grad = _problem(E, transposed=transposed)
+    L = int(offs[-1])
+    out, da, dw = _run(lambda a, b, o: mx.grouped_mm(a, b, o, rounding=rounding), a, w, b_of, offs, grad)
+    out_r, da_r, dw_r = _run(_bf16, a, w, b_of, offs, grad)
+    assert sqnr(out_r[:L], out[:L]) >= 27
+    assert sqnr(da_r[:L], da[:L]) >= 25
+    assert sqnr(dw_r, dw) >= 24
+    empty = torch.tensor(GROUPS[E]) == 0
+    assert torch.all(dw[empty] == 0)
+
+
+def test_wgrad_bf16_keeps_weight_gradient_exact():
+    a, w, b_of, offs, grad = _problem(8)
+    _, _, dw = _run(lambda a, b, o: mx.grouped_mm(a, b, o, wgrad="bf16"), a, w, b_of, offs, grad)
+    _, _, dw_r = _run(_bf16, a, w, b_of, offs, grad)
+    assert torch.equal(dw, dw_r)
+
+
+def test_fp32_inputs():
+    a, w, b_of, offs, grad = _problem(4, dtype=torch.float32)
+    out, da, dw = _run(mx.grouped_mm, a, w, b_of, offs, grad)
+    assert out.dtype == da.dtype == dw.dtype == torch.float32
+    out_r, da_r, dw_r = _run(_bf16, a.bfloat16(), w.bfloat16(), b_of, offs, grad.bfloat16())
+    L = int(offs[-1])
+    assert sqnr(out_r[:L], out[:L]) >= 27 and sqnr(da_r[:L], da[:L]) >= 25 and sqnr(dw_r, dw) >= 24
+
+
+def test_triton_path_matches_reference_path(monkeypatch):
+    """The GPU emulation path (Triton quantize-dequantize + bf16 grouped GEMM) equals the CPU path bit for bit."""
+    a, w, b_of, offs, grad = _problem(4, K=64, N=64)
+    expected = _run(mx.grouped_mm, a, w, b_of, offs, grad)
+    monkeypatch.setattr(gm, "_kernels", lambda device: triton_mx)
+    got = _run(mx.grouped_mm, a, w, b_of, offs, grad)
+    L = int(offs[-1])
+    assert_bitwise_equal(got[0][:L], expected[0][:L])
+    assert_bitwise_equal(got[1][:L], expected[1][:L])
+    assert_bitwise_equal(got[2], expected[2])
+
+
+def test_opcheck():
+    # no rows past offs[-1]: like torch._grouped_mm, the op leaves those output rows unspecified
+    a, w, b_of, offs, grad = _problem(4, K=64, N=64, tail=0)
+    b = b_of(w)
+    torch.library.opcheck(gm.grouped_mm_op, (a.requires_grad_(), b.requires_grad_(), offs, "rceil", "mxfp8"))
+    torch.library.opcheck(gm.grouped_mm_op, (a, b, offs, "floor", "bf16"))
+    torch.library.opcheck(gm.grouped_mm_dgrad_op, (grad, b.detach(), offs, "rceil"))
+    torch.library.opcheck(gm.grouped_mm_wgrad_op, (grad, a.detach(), offs, "rceil"))
+
+
+def test_compile_fullgraph_matches_eager():
+    a, w, b_of, offs, grad = _problem(4, K=64, N=64)
+    torch._dynamo.reset()
+    compiled = torch.compile(mx.grouped_mm, fullgraph=True)
+    got = _run(compiled, a, w, b_of, offs, grad)
+    want = _run(mx.grouped_mm, a, w, b_of, offs, grad)
+    L = int(offs[-1])
+    assert_bitwise_equal(got[0][:L], want[0][:L])
+    assert_bitwise_equal(got[1][:L], want[1][:L])
+    assert_bitwise_equal(got[2], want[2])
+
+
+# --------------------------------------------------------------------------------------------
+# Native (compute capability 10.x) path: arguments checked by torch's own meta function
+
+
+def _fake_cuda(mode, t):
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cuda")
+
+
+@pytest.mark.parametrize(
+    "builder, shape",
+    [
+        (gm.native_forward_args, lambda M, K, N, E: (M, N)),
+        (gm.native_dgrad_args, lambda M, K, N, E: (M, K)),
+        (gm.native_wgrad_args, lambda M, K, N, E: (E, K, N)),
+    ],
+)
+def test_native_args_pass_torch_meta_checks(builder, shape):
+    E, K, N = 8, 256, 128
+    a, w, b_of, offs, grad = _problem(E, K=K, N=N)
+    M = a.shape[0]
+    first = {gm.native_forward_args: a, gm.native_dgrad_args: grad, gm.native_wgrad_args: grad}[builder]
+    second = a if builder is gm.native_wgrad_args else b_of(w)
+    args = builder(reference, first, second, offs, "rceil")
+    with FakeTensorMode() as mode:
+        fake = [_fake_cuda(mode, t) for t in args]
+        out = torch._scaled_grouped_mm(*fake[:4], offs=fake[4], out_dtype=torch.bfloat16)
+    assert tuple(out.shape) == shape(M, K, N, E) and out.dtype == torch.bfloat16
+
+
+def test_meta_check_rejects_unblocked_weight_scales():
+    """Guards the test above: the meta function does check MXFP8 scale shapes."""
+    a, w, b_of, offs, _ = _problem(8, K=256, N=128)
+    args = list(gm.native_forward_args(reference, a, b_of(w), offs, "rceil"))
+    args[3] = reference.quantize(w, -1)[1]  # [E, N, K/32], not blocked
+    with FakeTensorMode() as mode, pytest.raises(RuntimeError, match="MXFP8"):
+        fake = [_fake_cuda(mode, t) for t in args]
+        torch._scaled_grouped_mm(*fake[:4], offs=fake[4], out_dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize(
+    "capability, K, N, path",
+    [((9, 0), 256, 256, "triton"), ((8, 0), 256, 256, "triton"), ((12, 0), 256, 256, "triton"),
+     ((10, 0), 256, 256, "native"), ((10, 0), 96, 256, "triton"), ((10, 3), 256, 160, "triton")],
+)
+def test_gemm_path_by_capability(monkeypatch, capability, K, N, path):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert gm.gemm_path(torch.device("cuda"), K, N) == path
+    assert gm.gemm_path(torch.device("cpu"), K, N) == "reference"
+
+
+# --------------------------------------------------------------------------------------------
+# Bad input
+
+
+def _bad(**over):
+    a, w, b_of, offs, _ = _problem(4, K=64, N=64)
+    args = {"a": a, "b": b_of(w), "offs": offs}
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize(
+    "over, match",
+    [
+        ({"a": torch.randn(361, 64).half(), "b": torch.randn(4, 64, 64).half()}, "bf16 or fp32"),
+        ({"a": torch.randn(361, 64), "b": torch.randn(4, 64, 64).bfloat16()}, "share a dtype"),
+        ({"a": torch.randn(361, 48).bfloat16(), "b": torch.randn(4, 48, 64).bfloat16()}, "multiples of 32"),
+        ({"b": torch.randn(4, 64, 40).bfloat16()}, "multiples of 32"),
+        ({"b": torch.randn(4, 32, 64).bfloat16()}, "contraction"),
+        ({"offs": make_offs([100, 0, 37, 119]).long()}, "int32"),
+        ({"offs": torch.tensor([100, 50, 137, 256], dtype=torch.int32)}, "non-decreasing"),
+        ({"offs": torch.tensor([100, 100, 137, 400], dtype=torch.int32)}, "past M"),
+        ({"offs": make_offs([100, 37, 119])}, "E=4"),
+        ({"rounding": "nearest"}, "rounding"),
+        ({"wgrad": "fp8"}, "wgrad"),
+    ],
+)
+def test_bad_input_raises_value_error(over, match):
+    kwargs = {k: over.pop(k) for k in ("rounding", "wgrad") if k in over}
+    args = _bad(**over)
+    with pytest.raises(ValueError, match=match):
+        mx.grouped_mm(args["a"], args["b"], args["offs"], **kwargs)
