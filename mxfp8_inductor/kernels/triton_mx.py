@@ -43,9 +43,10 @@ def _load_f32(ptr, mask, IN_BF16: tl.constexpr):
     """Load bf16 (passed as int16 bits) or fp32 as fp32; bf16 widens by a shift, so subnormals
     survive on every backend (the interpreter flushes them in a bf16 -> fp32 cast)."""
     if IN_BF16:
-        bits = tl.load(ptr, mask=mask, other=0).to(tl.int32) << 16
-        return bits.to(tl.float32, bitcast=True)
-    return tl.load(ptr, mask=mask, other=0.0)
+        x = (tl.load(ptr, mask=mask, other=0).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    else:
+        x = tl.load(ptr, mask=mask, other=0.0)
+    return x
 
 
 @triton.jit
@@ -117,20 +118,24 @@ def _scale_offsets(
     `starts_ptr` holds each group's first tile column (BLOCKED_COL) or row (BLOCKED_ROW).
     """
     if MODE == 0:
-        return b * ss_b + col * ss_col + row * ss_row, row >= 0
+        offs = b * ss_b + col * ss_col + row * ss_row
+        valid = (row >= 0) & (col >= 0)
     elif MODE == 1:
         g = _count_le(ends_ptr, G, col)
-        valid = g < G
+        g_ok = g < G
+        valid = g_ok & (row >= 0)
         first = _group_start(ends_ptr, g)
-        nblk = tl.load(ends_ptr + g, mask=valid, other=0) - first
-        base = tl.load(starts_ptr + g, mask=valid, other=0) * Hp
-        return base + _blocked_offset(row, col - first, (nblk + 3) // 4 * 4), valid
+        nblk = tl.load(ends_ptr + g, mask=g_ok, other=0) - first
+        base = tl.load(starts_ptr + g, mask=g_ok, other=0).to(tl.int64) * Hp
+        offs = base + _blocked_offset(row, col - first, (nblk + 3) // 4 * 4)
     else:
         g = _count_le(ends_ptr, G, row)
-        valid = g < G
+        g_ok = g < G
+        valid = g_ok & (col >= 0)
         first = _group_start(ends_ptr, g)
-        base = b * Hp * Wp + tl.load(starts_ptr + g, mask=valid, other=0) * Wp
-        return base + _blocked_offset(row - first, col, Wp), valid
+        base = b * Hp * Wp + tl.load(starts_ptr + g, mask=g_ok, other=0).to(tl.int64) * Wp
+        offs = base + _blocked_offset(row - first, col, Wp)
+    return offs, valid
 
 
 @triton.jit
