@@ -1,5 +1,13 @@
-"""mxfp8-inductor: MXFP8 training for Mixture-of-Experts grouped GEMMs through torch.compile."""
+"""mxfp8-inductor: MXFP8 training for Mixture-of-Experts grouped GEMMs through torch.compile.
 
+Ways in: `torch.compile(model, backend="mxfp8", options={...})`,
+`torch.compile(model, options=inductor_options(...))`, `mxfp8(model, ...)` then a plain
+`torch.compile`, and `explain(model, *args)` for the per-site report and rewritten graphs.
+"""
+
+from .backend import inductor_options, mxfp8_backend, register
+from .config import MXFP8Config
+from .explain import Report, explain
 from .kernels.reference import (
     dequantize,
     dequantize_groups,
@@ -9,11 +17,20 @@ from .kernels.reference import (
     to_blocked_groups,
 )
 from .lowering import grouped_mm
+from .marking import mxfp8
+
+register()
 
 __all__ = [
+    "MXFP8Config",
+    "Report",
     "dequantize",
     "dequantize_groups",
+    "explain",
     "grouped_mm",
+    "inductor_options",
+    "mxfp8",
+    "mxfp8_backend",
     "quantize",
     "quantize_groups",
     "to_blocked",

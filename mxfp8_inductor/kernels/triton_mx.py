@@ -119,19 +119,19 @@ def _scale_offsets(
     """
     if MODE == 0:
         offs = b * ss_b + col * ss_col + row * ss_row
-        valid = (row >= 0) & (col >= 0)
+        valid = (row + col * 0) >= 0
     elif MODE == 1:
         g = _count_le(ends_ptr, G, col)
         g_ok = g < G
-        valid = g_ok & (row >= 0)
-        first = _group_start(ends_ptr, g)
+        valid = (row * 0 + g) < G  # scalar conditions are broadcast by arithmetic: the
+        first = _group_start(ends_ptr, g)  # interpreter rejects scalar & block masks
         nblk = tl.load(ends_ptr + g, mask=g_ok, other=0) - first
         base = tl.load(starts_ptr + g, mask=g_ok, other=0).to(tl.int64) * Hp
         offs = base + _blocked_offset(row, col - first, (nblk + 3) // 4 * 4)
     else:
         g = _count_le(ends_ptr, G, row)
         g_ok = g < G
-        valid = g_ok & (col >= 0)
+        valid = (g + col * 0) < G
         first = _group_start(ends_ptr, g)
         base = b * Hp * Wp + tl.load(starts_ptr + g, mask=g_ok, other=0).to(tl.int64) * Wp
         offs = base + _blocked_offset(row - first, col, Wp)
@@ -165,9 +165,9 @@ def _mx_quant_kernel(
         if HAS_TAIL:
             # rows past the last group end hold zeros; the extra programs after the static bound
             # of blocks (R // 32 + G_R) each clear 32 of them
-            t = j - (R // 32 + G_R)
-            r = tl.load(r_ends_ptr + G_R - 1) + t * 32 + rr
-            m = (t >= 0) & (r < R)[:, None] & c_ok[None, :]
+            last = tl.load(r_ends_ptr + G_R - 1)
+            r = last + (j - (R // 32 + G_R)) * 32 + rr
+            m = ((r >= last) & (r < R))[:, None] & c_ok[None, :]
             zero = tl.zeros([32, BLOCK_C], dtype=y_ptr.dtype.element_ty)
             tl.store(y_ptr + b * sy_b + r[:, None] * sy_r + c[None, :] * sy_c, zero, mask=m)
         return

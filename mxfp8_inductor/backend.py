@@ -1,0 +1,129 @@
+"""The ways into the pass: the `mxfp8` torch.compile backend, Inductor options for the default
+backend, and the process-wide pre-grad pass that serves models marked with `mxfp8()`.
+
+Every way rewrites the Dynamo graph before AOTAutograd and Inductor see it, and registers a
+custom pass whose `uuid()` hashes the package's sources and the options: the FX-graph and
+AOTAutograd caches do not hash a custom op's Python backward or our kernels, so without it an
+edited formula would be served stale (DESIGN §6).
+"""
+
+from __future__ import annotations
+
+import functools
+import pathlib
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+
+from .config import MXFP8Config
+from .patterns.rewrite import SiteReport, rewrite
+
+_OWN_OPTIONS = {"include", "exclude", "recipe", "rounding", "wgrad"}
+
+
+@functools.cache
+def _sources() -> tuple[str, ...]:
+    root = pathlib.Path(__file__).parent
+    return tuple(sorted(str(p) for p in root.rglob("*.py")))
+
+
+def _uuid(config_key: str) -> str:
+    return get_hash_for_files(_sources(), config_key).hex()
+
+
+class CacheKeyPass(CustomGraphPass):
+    """A no-op post-grad pass that puts the package sources and options into the cache keys."""
+
+    def __init__(self, config_key: str) -> None:
+        self.config_key = config_key
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        return None
+
+    def uuid(self) -> str:
+        return _uuid(self.config_key)
+
+
+class PreGradRewrite(CustomGraphPass):
+    """The rewrite as an Inductor pre-grad pass. `config=None`: sites of marked models only."""
+
+    def __init__(self, config: MXFP8Config | None) -> None:
+        self.config = config
+        self.last_rows: list[SiteReport] = []
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        self.last_rows = rewrite(graph.owning_module, self.config)
+
+    def uuid(self) -> str:
+        return _uuid(self.config.key() if self.config else "marked-models")
+
+
+def _split_options(options: Mapping[str, Any] | None) -> tuple[MXFP8Config, dict[str, Any]]:
+    options = dict(options or {})
+    own = {k: options.pop(k) for k in list(options) if k in _OWN_OPTIONS}
+    return MXFP8Config.from_options(own), options
+
+
+def mxfp8_backend(
+    gm: torch.fx.GraphModule,
+    example_inputs: list[Any],
+    *,
+    options: Mapping[str, Any] | None = None,
+    mode: str | None = None,
+    **_: Any,
+):
+    """`torch.compile(model, backend="mxfp8", options={...})`.
+
+    Options: include, exclude, recipe, rounding, wgrad (see `MXFP8Config`); any other key is
+    passed to Inductor as a config patch, and `mode` selects Inductor's mode options.
+    """
+    from torch._inductor import list_mode_options
+    from torch._inductor.compile_fx import compile_fx
+
+    config, patches = _split_options(options)
+    rewrite(gm, config)
+    patches = {**(list_mode_options(mode) if mode else {}), **patches}
+    if patches.get("post_grad_custom_post_pass") is not None:
+        raise ValueError("backend='mxfp8' uses post_grad_custom_post_pass for its cache key; drop that option")
+    patches["post_grad_custom_post_pass"] = CacheKeyPass(config.key())
+    return compile_fx(gm, example_inputs, config_patches=patches)
+
+
+def _early_timing() -> dict[str, Any]:
+    # torch >= 2.13 may run a pre-grad pass after the cache lookup ("late"), keying the cache on
+    # the unrewritten graph: per-model decisions would leak between identical graphs
+    return {"pre_grad_pass_timing": "early"} if hasattr(torch._inductor.config, "pre_grad_pass_timing") else {}
+
+
+def inductor_options(**options: Any) -> dict[str, Any]:
+    """Options for the default backend: `torch.compile(model, options=inductor_options(exclude=[...]))`.
+
+    Takes the same keys as the `mxfp8` backend's options (include, exclude, recipe, rounding, wgrad).
+    """
+    config = MXFP8Config.from_options(options)
+    return {"pre_grad_custom_pass": PreGradRewrite(config), **_early_timing()}
+
+
+def install_marked_model_pass() -> None:
+    """Make the default backend rewrite the sites of marked models (once per process)."""
+    cfg = torch._inductor.config
+    current = cfg.pre_grad_custom_pass
+    if isinstance(current, PreGradRewrite) and current.config is None:
+        return
+    if current is not None:
+        raise RuntimeError(
+            "mxfp8_inductor.mxfp8() needs torch._inductor.config.pre_grad_custom_pass, which is already "
+            f"set to {current!r}; use backend='mxfp8' or inductor_options() instead of marking the model"
+        )
+    cfg.pre_grad_custom_pass = PreGradRewrite(None)
+    for key, value in _early_timing().items():
+        setattr(cfg, key, value)
+
+
+def register() -> None:
+    """Register the backend as "mxfp8" unless the installed entry point provides it (Dynamo loads
+    that lazily and would reject a second registration of the name)."""
+    if "mxfp8" not in torch._dynamo.list_backends(exclude_tags=()):
+        torch._dynamo.register_backend(name="mxfp8")(mxfp8_backend)

@@ -1,0 +1,105 @@
+"""Options of the pass, validated once, hashed into every compile cache key."""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import json
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+RECIPES = ("mxfp8",)
+ROUNDINGS = ("rceil", "floor")
+WGRADS = ("mxfp8", "bf16")
+
+# FQN globs: dotted names with *, ? and [...] classes
+_PATTERN_OK = re.compile(r"^[A-Za-z0-9_.*?\[\]!\-]+$")
+
+
+def _check_pattern(pattern: Any) -> str:
+    if not isinstance(pattern, str) or not pattern:
+        raise ValueError(f"include/exclude patterns must be non-empty strings, got {pattern!r}")
+    if not _PATTERN_OK.match(pattern) or pattern.count("[") != pattern.count("]"):
+        raise ValueError(
+            f"malformed FQN pattern {pattern!r}: use dotted module or parameter names with glob "
+            "wildcards, e.g. 'layers.*.moe.experts' or '*.w2'"
+        )
+    return pattern
+
+
+def _patterns(value: Any, name: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, Iterable):
+        raise ValueError(f"{name} must be a glob string or a list of them, got {value!r}")
+    return tuple(_check_pattern(p) for p in value)
+
+
+@dataclasses.dataclass(frozen=True)
+class MXFP8Config:
+    """What to rewrite and how.
+
+    include: glob patterns over global module or parameter FQNs; empty means every site.
+    exclude: patterns whose sites stay in bf16 (wins over include). A pattern naming a module
+      also covers the modules under it.
+    recipe: "mxfp8". rounding: "rceil" (default) or "floor". wgrad: "mxfp8" or "bf16".
+    """
+
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    recipe: str = "mxfp8"
+    rounding: str = "rceil"
+    wgrad: str = "mxfp8"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "include", _patterns(self.include, "include"))
+        object.__setattr__(self, "exclude", _patterns(self.exclude, "exclude"))
+        for field, allowed in (("recipe", RECIPES), ("rounding", ROUNDINGS), ("wgrad", WGRADS)):
+            value = getattr(self, field)
+            if value not in allowed:
+                raise ValueError(f"unknown {field} {value!r}: expected one of {allowed}")
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any] | None) -> MXFP8Config:
+        options = dict(options or {})
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(options) - names
+        if unknown:
+            raise ValueError(f"unknown mxfp8 option(s) {sorted(unknown)}: expected some of {sorted(names)}")
+        return cls(**options)
+
+    def key(self) -> str:
+        """Stable text for cache keys."""
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    def decide(self, module_fqn: str | None, weight_fqn: str | None) -> tuple[bool, str]:
+        """(rewrite?, reason) for a site from its FQNs."""
+        names = _candidates(module_fqn, weight_fqn)
+        hit = _first_match(self.exclude, names)
+        if hit:
+            return False, f"excluded by {hit!r}"
+        if self.include:
+            hit = _first_match(self.include, names)
+            if not hit:
+                return False, f"matches no include pattern {list(self.include)}"
+            return True, f"included by {hit!r}"
+        return True, "routed-expert grouped GEMM"
+
+
+def _candidates(module_fqn: str | None, weight_fqn: str | None) -> list[str]:
+    """The weight FQN, the module FQN and every ancestor module FQN."""
+    names = [weight_fqn] if weight_fqn else []
+    if module_fqn:
+        parts = module_fqn.split(".")
+        names += [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
+    return names
+
+
+def _first_match(patterns: tuple[str, ...], names: list[str]) -> str | None:
+    for pattern in patterns:
+        if any(fnmatch.fnmatchcase(name, pattern) for name in names):
+            return pattern
+    return None

@@ -1,0 +1,96 @@
+"""Decide each grouped-matmul site and rewrite the eligible ones into `mxfp8::grouped_mm`.
+
+The rewrite happens in the Dynamo graph, before AOTAutograd: the custom op carries its own
+autograd, so the forward, input-gradient and weight-gradient GEMMs all become MXFP8 ops, and the
+rewritten graph text (op present or not, its options) is part of every compile cache key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import torch
+import torch.fx
+
+from ..config import MXFP8Config
+from ..lowering import ops  # noqa: F401  (registers torch.ops.mxfp8)
+from . import registry
+from .sites import Site, find_sites
+
+log = logging.getLogger("mxfp8_inductor")
+
+ROLES = ("forward", "input-grad", "weight-grad")
+# set on grouped-matmul nodes already decided (kept in bf16), so a later pass leaves them alone
+DECIDED = "mxfp8_decided"
+
+
+@dataclasses.dataclass(frozen=True)
+class SiteReport:
+    """One GEMM of one call site: what the pass did with it and why."""
+
+    module_fqn: str | None
+    weight_fqn: str | None
+    role: str
+    action: str  # "rewritten", "excluded", "skipped" or "kept bf16"
+    reason: str
+    node: str
+
+
+def _replace(gm: torch.fx.GraphModule, site: Site, config: MXFP8Config) -> str:
+    node = site.node
+    with gm.graph.inserting_before(node):
+        new = gm.graph.call_function(
+            torch.ops.mxfp8.grouped_mm.default, (site.a, site.b, site.offs, config.rounding, config.wgrad)
+        )
+    new.meta.update(node.meta)
+    node.replace_all_uses_with(new)
+    gm.graph.erase_node(node)
+    return new.name
+
+
+def _rows(site: Site, node_name: str, action: str, reason: str, config: MXFP8Config) -> list[SiteReport]:
+    rows = []
+    for role in ROLES:
+        act, why = action, reason
+        if action == "rewritten" and role == "weight-grad" and config.wgrad == "bf16":
+            act, why = "kept bf16", "wgrad='bf16'"
+        rows.append(SiteReport(site.module_fqn, site.weight_fqn, role, act, why, node_name))
+    return rows
+
+
+def rewrite(gm: torch.fx.GraphModule, config: MXFP8Config | None) -> list[SiteReport]:
+    """Rewrite `gm` in place; returns one row per (site, role).
+
+    With `config=None` only sites whose weight belongs to a model marked with
+    `mxfp8_inductor.mxfp8` are touched, each with its model's options.
+    """
+    rows: list[SiteReport] = []
+    for site in find_sites(gm):
+        node = site.node
+        if node.meta.get(DECIDED):
+            continue
+        cfg = config
+        if cfg is None:
+            marked = registry.lookup(site.param) if site.param is not None else None
+            if marked is None:
+                continue
+            cfg = marked.config
+        if site.problem:
+            action, reason = "skipped", site.problem
+        else:
+            ok, reason = cfg.decide(site.module_fqn, site.weight_fqn)
+            action = "rewritten" if ok else "excluded"
+        name = node.name
+        if action == "rewritten":
+            name = _replace(gm, site, cfg)
+        else:
+            node.meta[DECIDED] = True
+        rows += _rows(site, name, action, reason, cfg)
+    if any(r.action == "rewritten" for r in rows):
+        gm.graph.lint()
+        gm.recompile()
+    for r in rows:
+        if r.role == "forward":
+            log.info("mxfp8: %s %s (%s): %s", r.action, r.weight_fqn or r.module_fqn, r.node, r.reason)
+    return rows

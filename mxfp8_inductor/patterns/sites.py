@@ -1,0 +1,184 @@
+"""Find routed-expert grouped matmuls in a Dynamo FX graph and say whether each can be rewritten.
+
+Call forms (DESIGN §6): `torch._grouped_mm` (what `F.grouped_mm` becomes), `aten._grouped_mm`
+(packet or overload) and Hugging Face's `transformers::grouped_mm_fallback` (used when expert
+weights are not bf16). The weight is followed back through transposes, casts and views to the
+parameter it comes from, which gives its FQN.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+import torch
+import torch.fx
+
+from . import registry
+
+BLOCK = 32
+_OP_NAMES = ("aten::_grouped_mm", "transformers::grouped_mm_fallback")
+_PY_TARGETS = tuple(
+    f for f in (torch._grouped_mm, getattr(torch.nn.functional, "grouped_mm", None)) if f is not None
+)
+_ARG_NAMES = {
+    "a": ("mat_a", "self", "input"),
+    "b": ("mat_b", "mat2", "weight"),
+    "offs": ("offs",),
+    "bias": ("bias",),
+    "out_dtype": ("out_dtype",),
+}
+# methods and functions that keep the weight's identity: views, transposes and dtype casts
+_PASS_THROUGH_METHODS = {
+    "transpose", "permute", "t", "view", "reshape", "contiguous", "to", "bfloat16", "float", "type",
+    "type_as", "detach", "view_as", "clone",
+}
+_PASS_THROUGH_FUNCTIONS = {torch.transpose, torch.permute, torch.t, torch.reshape, torch.clone}
+_SOURCE_KEY = re.compile(r"\['([^']*)'\]")
+
+
+@dataclasses.dataclass
+class Site:
+    """One grouped matmul call in a graph."""
+
+    node: torch.fx.Node
+    a: Any
+    b: Any
+    offs: Any
+    module_fqn: str | None
+    weight_fqn: str | None
+    param: torch.nn.Parameter | None
+    problem: str | None  # why it cannot be rewritten, None if it can
+
+
+def is_grouped_mm(node: torch.fx.Node) -> bool:
+    if node.op != "call_function":
+        return False
+    if node.target in _PY_TARGETS:
+        return True
+    return _op_name(node.target) in _OP_NAMES
+
+
+def _op_name(target: Any) -> str | None:
+    if isinstance(target, torch._ops.OpOverload):
+        return target._schema.name
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return target._qualified_op_name
+    return None
+
+
+def _normalize(node: torch.fx.Node) -> dict[str, Any]:
+    args = dict(zip(("a", "b", "offs", "bias", "out_dtype"), node.args))
+    for key, names in _ARG_NAMES.items():
+        for name in names:
+            if name in node.kwargs:
+                args[key] = node.kwargs[name]
+    return args
+
+
+def _val(x: Any) -> Any:
+    if isinstance(x, torch.fx.Node):
+        return x.meta.get("example_value", x.meta.get("val"))
+    return x
+
+
+def _weight_source(b: Any) -> torch.fx.Node | None:
+    """The placeholder or get_attr node the weight operand is a view or cast of."""
+    node = b
+    while isinstance(node, torch.fx.Node):
+        if node.op in ("placeholder", "get_attr"):
+            return node
+        passes = (node.op == "call_method" and node.target in _PASS_THROUGH_METHODS) or (
+            node.op == "call_function" and node.target in _PASS_THROUGH_FUNCTIONS
+        ) or (node.op == "call_function" and _is_aten_view(node.target))
+        if not passes or not node.args:
+            return None
+        node = node.args[0]
+    return None
+
+
+def _is_aten_view(target: Any) -> bool:
+    name = _op_name(target) or ""
+    return name in ("aten::transpose", "aten::permute", "aten::t", "aten::view", "aten::_to_copy", "aten::clone")
+
+
+def _source_fqn(source_name: str) -> str | None:
+    """`L['self']._modules['a']._parameters['w']` -> `a.w` (relative to the compiled frame)."""
+    keys = _SOURCE_KEY.findall(source_name)
+    return ".".join(keys[1:]) if len(keys) > 1 else None
+
+
+def _stack_fqn(node: torch.fx.Node) -> str | None:
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return None
+    path = list(stack.values())[-1][0]
+    path = re.sub(r"\[['\"]?([^'\"\]]*)['\"]?\]", r".\1", path)  # layers[0] / ['0'] -> .0
+    parts = [p for p in path.split(".") if p]
+    return ".".join(parts[1:])  # drop the frame root (L['self'] / self)
+
+
+def _fqns(node: torch.fx.Node, b: Any) -> tuple[str | None, str | None, torch.nn.Parameter | None]:
+    """(module FQN, weight FQN, parameter): global when the model was marked, else relative to
+    the compiled module."""
+    src = _weight_source(b)
+    param = None
+    weight_fqn = None
+    if src is not None and src.op == "placeholder":
+        grapharg = src.meta.get("grapharg")
+        example = getattr(grapharg, "example", None)
+        if isinstance(example, torch.nn.Parameter):
+            param = example
+        if grapharg is not None and getattr(grapharg, "source", None) is not None:
+            weight_fqn = _source_fqn(grapharg.source.name)
+    elif src is not None:
+        weight_fqn = str(src.target)
+    marked = registry.lookup(param) if param is not None else None
+    if marked is not None:
+        weight_fqn = marked.fqn
+    if weight_fqn and "." in weight_fqn:
+        module_fqn = weight_fqn.rsplit(".", 1)[0]
+    elif weight_fqn:
+        module_fqn = ""
+    else:
+        module_fqn = _stack_fqn(node)
+    return module_fqn, weight_fqn, param
+
+
+def _problem(args: dict[str, Any]) -> str | None:
+    a, b, offs = _val(args.get("a")), _val(args.get("b")), _val(args.get("offs"))
+    if args.get("offs") is None:
+        return "no offs: a dense or 3-D x 3-D batched matmul, not routed experts"
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return "operand shapes unknown (no example value in the graph)"
+    if a.dim() != 2 or b.dim() != 3:
+        return f"not tokens[M,K] x weights[E,K,N] (got {a.dim()}-D x {b.dim()}-D)"
+    if args.get("bias") is not None:
+        return "has a bias operand"
+    out_dtype = args.get("out_dtype")
+    if out_dtype is not None and out_dtype != a.dtype:
+        return f"out_dtype {out_dtype} differs from the input dtype {a.dtype}"
+    if a.dtype not in (torch.bfloat16, torch.float32) or b.dtype != a.dtype:
+        return f"unsupported dtypes {a.dtype} x {b.dtype} (bf16 or fp32, both the same)"
+    K, N = b.shape[-2:]
+    if isinstance(K, torch.SymInt) or isinstance(N, torch.SymInt):
+        return "symbolic K or N"
+    if K % BLOCK or N % BLOCK:
+        return f"K={K} or N={N} is not a multiple of {BLOCK}"
+    if isinstance(offs, torch.Tensor) and (offs.dtype != torch.int32 or offs.dim() != 1):
+        return f"offs is {offs.dtype} {offs.dim()}-D, not a 1-D int32 tensor"
+    return None
+
+
+def find_sites(gm: torch.fx.GraphModule) -> list[Site]:
+    """Every grouped matmul call in the graph, in graph order."""
+    sites = []
+    for node in gm.graph.nodes:
+        if not is_grouped_mm(node):
+            continue
+        args = _normalize(node)
+        module_fqn, weight_fqn, param = _fqns(node, args.get("b"))
+        sites.append(Site(node, args.get("a"), args.get("b"), args.get("offs"), module_fqn, weight_fqn,
+                          param, _problem(args)))
+    return sites
