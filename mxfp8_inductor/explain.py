@@ -88,7 +88,7 @@ def explain(model: torch.nn.Module, *args: Any, options: dict[str, Any] | None =
         return aot(gm, example_inputs)
 
     torch._dynamo.reset()
-    breaks_before = collections.Counter(torch._dynamo.utils.counters["graph_break"])
+    breaks_before = _graph_breaks()
     try:
         out = torch.compile(model, backend=backend)(*args, **kwargs)
         leaves = [t for t in pytree.tree_leaves(out)
@@ -99,5 +99,15 @@ def explain(model: torch.nn.Module, *args: Any, options: dict[str, Any] | None =
             torch.autograd.grad(sum(t.float().sum() for t in leaves), inputs, allow_unused=True)
     finally:
         torch._dynamo.reset()
-    breaks = collections.Counter(torch._dynamo.utils.counters["graph_break"]) - breaks_before
+    breaks = _graph_breaks() - breaks_before
     return Report(sites, graphs, aot_graphs, sorted(breaks))
+
+
+def _graph_breaks() -> collections.Counter:
+    """Dynamo's graph-break reasons so far (first line of each), including skipped frames."""
+    counters = torch._dynamo.utils.counters
+    reasons: collections.Counter = collections.Counter()
+    for group in ("graph_break", "unimplemented"):
+        for reason, n in counters[group].items():
+            reasons[str(reason).strip().splitlines()[0]] += n
+    return reasons
