@@ -37,8 +37,8 @@ class SiteReport:
     node: str
 
 
-def _replace(gm: torch.fx.GraphModule, site: Site, config: MXFP8Config) -> str:
-    node = site.node
+def _replace(site: Site, config: MXFP8Config) -> str:
+    gm, node = site.gm, site.node
     with gm.graph.inserting_before(node):
         new = gm.graph.call_function(
             torch.ops.mxfp8.grouped_mm.default, (site.a, site.b, site.offs, config.rounding, config.wgrad)
@@ -66,6 +66,7 @@ def rewrite(gm: torch.fx.GraphModule, config: MXFP8Config | None) -> list[SiteRe
     `mxfp8_inductor.mxfp8` are touched, each with its model's options.
     """
     rows: list[SiteReport] = []
+    touched: dict[int, torch.fx.GraphModule] = {}
     for site in find_sites(gm):
         node = site.node
         if node.meta.get(DECIDED):
@@ -83,13 +84,14 @@ def rewrite(gm: torch.fx.GraphModule, config: MXFP8Config | None) -> list[SiteRe
             action = "rewritten" if ok else "excluded"
         name = node.name
         if action == "rewritten":
-            name = _replace(gm, site, cfg)
+            name = _replace(site, cfg)
+            touched[id(site.gm)] = site.gm
         else:
             node.meta[DECIDED] = True
         rows += _rows(site, name, action, reason, cfg)
-    if any(r.action == "rewritten" for r in rows):
-        gm.graph.lint()
-        gm.recompile()
+    for module in touched.values():
+        module.graph.lint()
+        module.recompile()
     for r in rows:
         if r.role == "forward":
             log.info("mxfp8: %s %s (%s): %s", r.action, r.weight_fqn or r.module_fqn, r.node, r.reason)

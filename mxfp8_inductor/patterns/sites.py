@@ -40,8 +40,10 @@ _SOURCE_KEY = re.compile(r"\['([^']*)'\]")
 
 @dataclasses.dataclass
 class Site:
-    """One grouped matmul call in a graph."""
+    """One grouped matmul call in a graph (`gm` is the graph, or a subgraph of a higher-order op
+    such as activation checkpointing, that holds it)."""
 
+    gm: torch.fx.GraphModule
     node: torch.fx.Node
     a: Any
     b: Any
@@ -83,10 +85,14 @@ def _val(x: Any) -> Any:
     return x
 
 
-def _weight_source(b: Any) -> torch.fx.Node | None:
-    """The placeholder or get_attr node the weight operand is a view or cast of."""
+def _weight_source(b: Any, outer: dict[torch.fx.Node, Any]) -> torch.fx.Node | None:
+    """The placeholder or get_attr node the weight operand is a view or cast of; `outer` maps a
+    subgraph's placeholders to the operands of the enclosing call."""
     node = b
     while isinstance(node, torch.fx.Node):
+        if node in outer:
+            node = outer[node]
+            continue
         if node.op in ("placeholder", "get_attr"):
             return node
         passes = (node.op == "call_method" and node.target in _PASS_THROUGH_METHODS) or (
@@ -119,10 +125,12 @@ def _stack_fqn(node: torch.fx.Node) -> str | None:
     return ".".join(parts[1:])  # drop the frame root (L['self'] / self)
 
 
-def _fqns(node: torch.fx.Node, b: Any) -> tuple[str | None, str | None, torch.nn.Parameter | None]:
+def _fqns(
+    node: torch.fx.Node, b: Any, outer: dict[torch.fx.Node, Any]
+) -> tuple[str | None, str | None, torch.nn.Parameter | None]:
     """(module FQN, weight FQN, parameter): global when the model was marked, else relative to
     the compiled module."""
-    src = _weight_source(b)
+    src = _weight_source(b, outer)
     param = None
     weight_fqn = None
     if src is not None and src.op == "placeholder":
@@ -171,14 +179,31 @@ def _problem(args: dict[str, Any]) -> str | None:
     return None
 
 
-def find_sites(gm: torch.fx.GraphModule) -> list[Site]:
-    """Every grouped matmul call in the graph, in graph order."""
+def _flat_nodes(args: Any) -> list[Any]:
+    out = []
+    for a in args:
+        out += _flat_nodes(a) if isinstance(a, (list, tuple)) else [a]
+    return out
+
+
+def find_sites(gm: torch.fx.GraphModule, outer: dict[torch.fx.Node, Any] | None = None) -> list[Site]:
+    """Every grouped matmul call in the graph and in the subgraphs of its higher-order ops
+    (activation checkpointing wraps the MoE block in one), in graph order."""
+    outer = outer or {}
     sites = []
     for node in gm.graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator):
+            args = _flat_nodes(node.args)
+            for i, arg in enumerate(args):
+                sub = getattr(gm, arg.target, None) if isinstance(arg, torch.fx.Node) and arg.op == "get_attr" else None
+                if isinstance(sub, torch.fx.GraphModule):
+                    placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+                    operands = [a for a in args[i + 1:] if not (isinstance(a, torch.fx.Node) and a.op == "get_attr")]
+                    sites += find_sites(sub, {**outer, **dict(zip(placeholders, operands))})
         if not is_grouped_mm(node):
             continue
         args = _normalize(node)
-        module_fqn, weight_fqn, param = _fqns(node, args.get("b"))
-        sites.append(Site(node, args.get("a"), args.get("b"), args.get("offs"), module_fqn, weight_fqn,
+        module_fqn, weight_fqn, param = _fqns(node, args.get("b"), outer)
+        sites.append(Site(gm, node, args.get("a"), args.get("b"), args.get("offs"), module_fqn, weight_fqn,
                           param, _problem(args)))
     return sites

@@ -1,0 +1,176 @@
+"""The pass under real Inductor compiles: numerics vs bf16, per-block compile with exclusion and
+warm caches, dynamic token counts, activation checkpointing, marking, the entry point."""
+
+import copy
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+from helpers import sqnr
+from models import MoEModel
+from torch._dynamo.utils import counters
+from torch.utils.checkpoint import checkpoint
+
+import mxfp8_inductor as mx
+
+TESTS = pathlib.Path(__file__).parent
+
+
+def _step(model, x, grad, compiled, dynamic_dim=None):
+    x = x.clone().requires_grad_()
+    if dynamic_dim is not None:
+        torch._dynamo.mark_dynamic(x, dynamic_dim)
+    out = compiled(x)
+    out.backward(grad)
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return out.detach(), x.grad, grads
+
+
+def _problem(seed=0, layers=1, **kw):
+    torch.manual_seed(seed)
+    model = MoEModel(layers=layers, **kw).bfloat16()
+    x = torch.randn(2, 32, 64, dtype=torch.bfloat16)
+    return model, x, torch.randn_like(x)
+
+
+def test_moe_block_numerics_vs_bf16_compiled():
+    torch._dynamo.reset()
+    model, x, grad = _problem(shared_expert=True)
+    ref = _step(model, x, grad, torch.compile(model))
+    got = _step(model, x, grad, torch.compile(model, backend="mxfp8"))
+    assert sqnr(ref[0], got[0]) >= 23
+    assert sqnr(ref[1], got[1]) >= 21
+    for name in ref[2]:
+        assert sqnr(ref[2][name], got[2][name]) >= 21, name
+    assert not torch.equal(ref[0], got[0])  # the pass did change the numerics
+
+
+class _CheckpointedBlock(torch.nn.Module):
+    def __init__(self, block):
+        super().__init__()
+        self.block = block
+
+    def forward(self, x):
+        return x + checkpoint(self.block.moe, self.block.norm(x), use_reentrant=False)
+
+
+def test_activation_checkpointing_and_dynamic_tokens():
+    """`mark_dynamic` token counts reuse one graph; the checkpointed MoE block is rewritten in the
+    forward and in its recomputation."""
+    torch._dynamo.reset()
+    counters.clear()
+    model, _, _ = _problem()
+    ckpt = _CheckpointedBlock(model.layers[0])
+    compiled = torch.compile(ckpt, backend="mxfp8")
+    for tokens in (16, 24, 40):
+        x = torch.randn(1, tokens, 64, dtype=torch.bfloat16)
+        grad = torch.randn_like(x)
+        got = _step(ckpt, x, grad, compiled, dynamic_dim=1)
+        ref = _step(ckpt, x, grad, ckpt)  # eager bf16
+        assert sqnr(ref[0], got[0]) >= 23 and sqnr(ref[1], got[1]) >= 21
+        assert all(sqnr(ref[2][n], got[2][n]) >= 21 for n in ref[2] if "experts" in n)
+    assert counters["stats"]["unique_graphs"] == 1
+
+
+PER_BLOCK = r"""
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+from torch._dynamo.utils import counters
+from models import MoEModel
+import mxfp8_inductor as mx
+torch.manual_seed(0)
+model = MoEModel(layers=2).bfloat16()
+plain = MoEModel(layers=2).bfloat16()
+plain.load_state_dict(model.state_dict())
+mx.mxfp8(model, exclude=["layers.1"])
+for m in (model, plain):
+    for layer in m.layers:
+        layer.compile()
+x = torch.randn(2, 16, 64, dtype=torch.bfloat16)
+g = torch.randn_like(x)
+def run(layer):
+    xi = x.clone().requires_grad_()
+    out = layer(xi)
+    out.backward(g)
+    return [out, xi.grad] + [p.grad for p in layer.parameters()]
+res = {}
+for i in range(2):
+    got, want = run(model.layers[i]), run(plain.layers[i])
+    res[f"layer{i}_bitwise"] = all(torch.equal(a, b) for a, b in zip(got, want))
+res["fx_hits"] = counters["inductor"]["fxgraph_cache_hit"]
+res["aot_hits"] = counters["aot_autograd"]["autograd_cache_hit"]
+res["frames"] = counters["stats"]["unique_graphs"]
+print(json.dumps(res))
+"""
+
+
+def test_per_block_exclusion_with_warm_caches(tmp_path):
+    """Each block compiled on its own; the excluded block equals plain torch.compile bit for bit,
+    the other differs; the second process reads the FX-graph and AOTAutograd caches."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path), "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
+           "TORCHINDUCTOR_AUTOGRAD_CACHE": "1"}
+    runs = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", PER_BLOCK, str(TESTS)], env=env, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr[-3000:]
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    for res in runs:
+        assert res["layer1_bitwise"] and not res["layer0_bitwise"], res
+    # within one process the excluded block already shares the plain block's cache entries
+    assert runs[1]["fx_hits"] > runs[0]["fx_hits"] and runs[1]["aot_hits"] > runs[0]["aot_hits"], runs
+
+
+def test_marking_touches_only_the_marked_model():
+    torch._dynamo.reset()
+    model, x, grad = _problem(layers=1)
+    other = copy.deepcopy(model)
+    plain = copy.deepcopy(model)
+    mx.mxfp8(model)
+    pass_ = torch._inductor.config.pre_grad_custom_pass
+    got = _step(model, x, grad, torch.compile(model))
+    assert {r.action for r in pass_.last_rows} == {"rewritten"}
+    other_out = _step(other, x, grad, torch.compile(other))
+    assert pass_.last_rows == []
+    torch._dynamo.reset()
+    want = _step(plain, x, grad, torch.compile(plain))
+    assert torch.equal(other_out[0], want[0]) and torch.equal(other_out[1], want[1])
+    assert not torch.equal(got[0], want[0]) and sqnr(want[0], got[0]) >= 23
+
+
+def test_inductor_options_on_the_default_backend():
+    torch._dynamo.reset()
+    model, x, grad = _problem(layers=2)
+    opts = mx.inductor_options(exclude=["layers.0"])
+    got = _step(model, x, grad, torch.compile(model, options=opts))
+    assert {r.weight_fqn.split(".")[1] for r in opts["pre_grad_custom_pass"].last_rows if r.action == "rewritten"} == {"1"}
+    ref = _step(model, x, grad, model)
+    assert sqnr(ref[0], got[0]) >= 23
+
+
+def test_entry_point_backend_in_a_fresh_interpreter():
+    code = (
+        "import sys, torch\n"
+        "a = torch.randn(64, 64, dtype=torch.bfloat16)\n"
+        "w = torch.randn(2, 32, 64, dtype=torch.bfloat16)\n"
+        "offs = torch.tensor([30, 64], dtype=torch.int32)\n"
+        "f = torch.compile(lambda a, w, o: torch._grouped_mm(a, w.transpose(-2, -1), offs=o), backend='mxfp8')\n"
+        "out = f(a, w, offs)\n"
+        "assert 'mxfp8_inductor' in sys.modules\n"
+        "import mxfp8_inductor as mx\n"
+        "assert torch.equal(out, mx.grouped_mm(a, w.transpose(-2, -1), offs))\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
+def test_bad_backend_options_fail_at_compile_time():
+    torch._dynamo.reset()
+    model, x, _ = _problem()
+    with pytest.raises(Exception, match="unknown recipe 'fp4'"):
+        torch.compile(model, backend="mxfp8", options={"recipe": "fp4"})(x)
