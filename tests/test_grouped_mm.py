@@ -96,6 +96,30 @@ def test_opcheck():
     torch.library.opcheck(gm.grouped_mm_op, (a, b, offs, "floor", "bf16"))
     torch.library.opcheck(gm.grouped_mm_dgrad_op, (grad, b.detach(), offs, "rceil"))
     torch.library.opcheck(gm.grouped_mm_wgrad_op, (grad, a.detach(), offs, "rceil"))
+    torch.library.opcheck(gm.quantize_dequantize_op, (b.detach(), 1, "rceil"))
+    torch.library.opcheck(gm.quantize_dequantize_groups_op, (a.detach(), offs, "floor"))
+
+
+def test_inductor_sees_the_quantizers_and_computes_shared_ones_once():
+    """Under Inductor the GEMM ops decompose into quantize-dequantize + aten._grouped_mm, so the
+    tokens feeding w1 and w3 are quantized once in the forward and once in the weight gradient."""
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    a, w, b_of, offs, grad = _problem(4, K=64, N=64, tail=0)
+    w3 = w.clone()
+
+    def block(a, w, w3):
+        h = torch.nn.functional.silu(gm.grouped_mm_op(a, b_of(w), offs, "rceil", "mxfp8"))
+        return h * gm.grouped_mm_op(a, b_of(w3), offs, "rceil", "mxfp8")
+
+    from torch._functorch.compile_utils import fx_graph_cse
+
+    graph = fx_graph_cse(make_fx(block, decomposition_table=select_decomp_table())(a, w, w3).graph)
+    targets = [str(n.target) for n in graph.nodes if n.op == "call_function"]
+    assert targets.count("mxfp8.quantize_dequantize.default") == 3  # a once, w, w3
+    assert targets.count("aten._grouped_mm.default") == 2
+    assert not any("mxfp8.grouped_mm" in t for t in targets)
 
 
 def test_compile_fullgraph_matches_eager():

@@ -25,12 +25,12 @@ _BLOCK_C = 64
 
 
 @triton.jit
-def _count_le(ends_ptr, n: tl.constexpr, x):
-    """Number of i < n with ends[i] <= x, i.e. the group holding index x (n if past the end)."""
-    g = x * 0
-    for i in range(n):
-        g += (tl.load(ends_ptr + i) <= x).to(tl.int32)
-    return g
+def _group_of(ends_ptr, G: tl.constexpr, GP: tl.constexpr, x):
+    """For a 1-D block of indices x: the group holding each (G past the end), from the G group
+    ends (GP = next power of two), all compared at once."""
+    i = tl.arange(0, GP)
+    ends = tl.load(ends_ptr + i, mask=i < G, other=2147483647)
+    return tl.sum((ends[None, :] <= x[:, None]).to(tl.int32), axis=1)
 
 
 @triton.jit
@@ -110,31 +110,31 @@ def _blocked_offset(row, col, Wp):
 
 @triton.jit
 def _scale_offsets(
-    b, row, col, ss_b, ss_col, ss_row, ends_ptr, G: tl.constexpr, starts_ptr, Hp, Wp, MODE: tl.constexpr
+    b, row, col, ss_b, ss_col, ss_row, ends_ptr, G: tl.constexpr, GP: tl.constexpr, starts_ptr, Hp, Wp,
+    MODE: tl.constexpr,
 ):
-    """Offset of the scale of block `col` of native-orientation row `row` (+ validity mask).
+    """Offsets [len(col), len(row)] of the scales of blocks `col` of native-orientation rows `row`
+    (1-D each), and a validity mask.
 
     BLOCKED_COL: `ends_ptr` holds cumulative per-group block counts; BLOCKED_ROW: group row ends.
     `starts_ptr` holds each group's first tile column (BLOCKED_COL) or row (BLOCKED_ROW).
     """
     if MODE == 0:
-        offs = b * ss_b + col * ss_col + row * ss_row
-        valid = (row + col * 0) >= 0
+        offs = b * ss_b + col[:, None] * ss_col + row[None, :] * ss_row
+        valid = (col[:, None] >= 0) & (row[None, :] >= 0)
     elif MODE == 1:
-        g = _count_le(ends_ptr, G, col)
-        g_ok = g < G
-        valid = (row * 0 + g) < G  # scalar conditions are broadcast by arithmetic: the
-        first = _group_start(ends_ptr, g)  # interpreter rejects scalar & block masks
-        nblk = tl.load(ends_ptr + g, mask=g_ok, other=0) - first
-        base = tl.load(starts_ptr + g, mask=g_ok, other=0).to(tl.int64) * Hp
-        offs = base + _blocked_offset(row, col - first, (nblk + 3) // 4 * 4)
-    else:
-        g = _count_le(ends_ptr, G, row)
-        g_ok = g < G
-        valid = (g + col * 0) < G
+        g = _group_of(ends_ptr, G, GP, col)
         first = _group_start(ends_ptr, g)
-        base = b * Hp * Wp + tl.load(starts_ptr + g, mask=g_ok, other=0).to(tl.int64) * Wp
-        offs = base + _blocked_offset(row - first, col, Wp)
+        nblk = tl.load(ends_ptr + g, mask=g < G, other=0) - first
+        base = tl.load(starts_ptr + g, mask=g < G, other=0).to(tl.int64) * Hp
+        offs = base[:, None] + _blocked_offset(row[None, :], (col - first)[:, None], ((nblk + 3) // 4 * 4)[:, None])
+        valid = (g < G)[:, None] & (row[None, :] >= 0)
+    else:
+        g = _group_of(ends_ptr, G, GP, row)
+        first = _group_start(ends_ptr, g)
+        base = b * Hp * Wp + tl.load(starts_ptr + g, mask=g < G, other=0).to(tl.int64) * Wp
+        offs = base[None, :] + _blocked_offset((row - first)[None, :], col[:, None], Wp)
+        valid = (col[:, None] >= 0) & (g < G)[None, :]
     return offs, valid
 
 
@@ -143,67 +143,69 @@ def _mx_quant_kernel(
     x_ptr, sx_b, sx_r, sx_c,
     y_ptr, sy_b, sy_r, sy_c,
     s_ptr, ss_b, ss_blk, ss_c,
-    R, C,
-    r_ends_ptr, r_blk_ends_ptr, G_R: tl.constexpr, y_starts_ptr,
-    s_ends_ptr, s_starts_ptr, G_S: tl.constexpr, Hp, Wp,
+    R, C, n_main,
+    r_ends_ptr, r_blk_ends_ptr, G_R: tl.constexpr, GP_R: tl.constexpr, y_starts_ptr,
+    s_ends_ptr, s_starts_ptr, G_S: tl.constexpr, GP_S: tl.constexpr, Hp, Wp,
     RCEIL: tl.constexpr,
     DEQUANT: tl.constexpr,
     SCALE_MODE: tl.constexpr,
-    HAS_TAIL: tl.constexpr,
     PAD_Y: tl.constexpr,
     IN_BF16: tl.constexpr,
     OUT_BF16: tl.constexpr,
+    NB: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
-    j = tl.program_id(0)  # global block index along r
+    """Program (p, q, b): blocks p*NB .. p*NB+NB-1 along r (global block ids: group after group),
+    columns q*BLOCK_C .., batch b; the tile is [NB, 32, BLOCK_C]. Programs p >= n_main zero the
+    rows past the last group end (quantize_groups leaves no row unwritten)."""
+    pid = tl.program_id(0)
     b = tl.program_id(2).to(tl.int64)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = c < C
     rr = tl.arange(0, 32)
-    n_blocks = tl.load(r_blk_ends_ptr + G_R - 1)
-    if j >= n_blocks:
-        if HAS_TAIL:
-            # rows past the last group end hold zeros; the extra programs after the static bound
-            # of blocks (R // 32 + G_R) each clear 32 of them
-            last = tl.load(r_ends_ptr + G_R - 1)
-            r = last + (j - (R // 32 + G_R)) * 32 + rr
-            m = ((r >= last) & (r < R))[:, None] & c_ok[None, :]
-            zero = tl.zeros([32, BLOCK_C], dtype=y_ptr.dtype.element_ty)
-            tl.store(y_ptr + b * sy_b + r[:, None] * sy_r + c[None, :] * sy_c, zero, mask=m)
-        return
-    g = _count_le(r_blk_ends_ptr, G_R, j)
-    first_blk = _group_start(r_blk_ends_ptr, g)
-    row0 = _group_start(r_ends_ptr, g)
-    r = row0 + (j - first_blk) * 32 + rr
-    m = (r < tl.load(r_ends_ptr + g))[:, None] & c_ok[None, :]
-    x = _load_f32(x_ptr + b * sx_b + r[:, None] * sx_r + c[None, :] * sx_c, m, IN_BF16)
-    sign = (x.to(tl.int32, bitcast=True) >> 31) & 1
-
-    ax = tl.abs(x)
-    nonfinite = tl.max(((x != x) | (ax == float("inf"))).to(tl.int32), axis=0)
-    bits = tl.max(ax, axis=0).to(tl.int32, bitcast=True)
-    biased = ((bits >> 23) & 0xFF) - 8
-    if RCEIL:
-        biased += ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)
-    biased = tl.minimum(tl.maximum(biased, 0), 254)
-    biased = tl.where(nonfinite > 0, 255, biased)
-    inv = tl.where(biased == 255, 127 << 23, (254 - biased) << 23).to(tl.float32, bitcast=True)
-    q = x * inv[None, :]
-    q = tl.where(q != q, q, tl.minimum(tl.maximum(q, -448.0), 448.0))
-    q8 = _e4m3_encode(q, sign)
-
-    if PAD_Y:
-        r = r + (tl.load(y_starts_ptr + g) - row0)
-    y_offs = b * sy_b + r[:, None] * sy_r + c[None, :] * sy_c
-    if DEQUANT:
-        y = _e4m3_decode(q8.to(tl.int32)) * _e8m0_to_float(biased)[None, :]
-        _store_f32(y_ptr + y_offs, y, m, OUT_BF16)
+    if pid >= n_main:
+        last = tl.load(r_ends_ptr + G_R - 1)
+        r = last + (pid - n_main) * NB * 32 + tl.arange(0, NB)[:, None] * 32 + rr[None, :]
+        m = ((r < R)[:, :, None]) & c_ok[None, None, :]
+        zero = tl.zeros([NB, 32, BLOCK_C], dtype=y_ptr.dtype.element_ty)
+        tl.store(y_ptr + b * sy_b + r[:, :, None] * sy_r + c[None, None, :] * sy_c, zero, mask=m)
     else:
-        tl.store(y_ptr + y_offs, q8, mask=m)
-        s_offs, s_ok = _scale_offsets(
-            b, c, j, ss_b, ss_blk, ss_c, s_ends_ptr, G_S, s_starts_ptr, Hp, Wp, SCALE_MODE
-        )
-        tl.store(s_ptr + s_offs, biased.to(tl.uint8), mask=c_ok & s_ok)
+        jb = pid * NB + tl.arange(0, NB)
+        g = _group_of(r_blk_ends_ptr, G_R, GP_R, jb)
+        first_blk = _group_start(r_blk_ends_ptr, g)
+        row0 = _group_start(r_ends_ptr, g)
+        g_end = tl.load(r_ends_ptr + g, mask=g < G_R, other=0)
+        r = (row0 + (jb - first_blk) * 32)[:, None] + rr[None, :]
+        m = (r < g_end[:, None])[:, :, None] & c_ok[None, None, :]
+        x = _load_f32(x_ptr + b * sx_b + r[:, :, None] * sx_r + c[None, None, :] * sx_c, m, IN_BF16)
+        sign = (x.to(tl.int32, bitcast=True) >> 31) & 1
+
+        ax = tl.abs(x)
+        nonfinite = tl.max(((x != x) | (ax == float("inf"))).to(tl.int32), axis=1)
+        bits = tl.max(ax, axis=1).to(tl.int32, bitcast=True)
+        biased = ((bits >> 23) & 0xFF) - 8
+        if RCEIL:
+            biased += ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)
+        biased = tl.minimum(tl.maximum(biased, 0), 254)
+        biased = tl.where(nonfinite > 0, 255, biased)
+        inv = tl.where(biased == 255, 127 << 23, (254 - biased) << 23).to(tl.float32, bitcast=True)
+        q = x * inv[:, None, :]
+        q = tl.where(q != q, q, tl.minimum(tl.maximum(q, -448.0), 448.0))
+        q8 = _e4m3_encode(q, sign)
+
+        if PAD_Y:
+            r = r + (tl.load(y_starts_ptr + g, mask=g < G_R, other=0) - row0)[:, None]
+        y_offs = b * sy_b + r[:, :, None] * sy_r + c[None, None, :] * sy_c
+        if DEQUANT:
+            y = _e4m3_decode(q8.to(tl.int32)) * _e8m0_to_float(biased)[:, None, :]
+            _store_f32(y_ptr + y_offs, y, m, OUT_BF16)
+        else:
+            tl.store(y_ptr + y_offs, q8, mask=m)
+            s_offs, s_ok = _scale_offsets(
+                b, c, jb, ss_b, ss_blk, ss_c, s_ends_ptr, G_S, GP_S, s_starts_ptr, Hp, Wp, SCALE_MODE
+            )
+            s_ok = s_ok & c_ok[None, :] & (g < G_R)[:, None]
+            tl.store(s_ptr + s_offs, biased.to(tl.uint8), mask=s_ok)
 
 
 @triton.jit
@@ -224,15 +226,15 @@ def _dequant_kernel(
 
 @triton.jit
 def _to_blocked_kernel(
-    s_ptr, ss_b, ss_r, ss_c, out_ptr, rows, cols, ends_ptr, G: tl.constexpr, starts_ptr, Hp, Wp,
-    MODE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
+    s_ptr, ss_b, ss_r, ss_c, out_ptr, rows, cols, ends_ptr, G: tl.constexpr, GP: tl.constexpr, starts_ptr,
+    Hp, Wp, MODE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
     b = tl.program_id(2).to(tl.int64)
-    row = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
-    col = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)[None, :]
-    m = (row < rows) & (col < cols)
-    v = tl.load(s_ptr + b * ss_b + row * ss_r + col * ss_c, mask=m)
-    offs, ok = _scale_offsets(b, row, col, 0, 0, 0, ends_ptr, G, starts_ptr, Hp, Wp, MODE)
+    row = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    col = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
+    m = (col < cols)[:, None] & (row < rows)[None, :]
+    v = tl.load(s_ptr + b * ss_b + row[None, :] * ss_r + col[:, None] * ss_c, mask=m)
+    offs, ok = _scale_offsets(b, row, col, 0, 0, 0, ends_ptr, G, GP, starts_ptr, Hp, Wp, MODE)
     tl.store(out_ptr + offs, v, mask=m & ok)
 
 
@@ -293,7 +295,12 @@ def _launch_quant(
         r_ends = _one_group(R, dev)
     G_R = r_ends.numel()
     r_blk_ends = torch.cumsum((torch.diff(r_ends, prepend=r_ends.new_zeros(1)) + 31) // 32, 0, dtype=torch.int32)
-    n_prog = (ref.group_scale_rows(R, G_R) + triton.cdiv(R, 32)) if grouped else R // 32
+    # blocks along the contiguous dim: 4 blocks x 32 rows per program (256-byte row segments);
+    # blocks across rows: one block x 256 contiguous columns
+    NB, BLOCK_C, warps = (4, 32, 4) if x3.stride(1) == 1 else (1, 256, 8)
+    n_main = triton.cdiv(ref.group_scale_rows(R, G_R) if grouped else R // 32, NB)
+    # extra programs zero the rows past the last group end (none when the data is pre-zeroed)
+    n_tail = triton.cdiv(R, 32 * NB) if grouped and y_starts is None else 0
     if s_ends is None:
         s_ends = r_blk_ends if scale_mode == BLOCKED_COL else _one_group(C, dev)
     if s_starts is None:
@@ -302,15 +309,14 @@ def _launch_quant(
         scale_buf, strides = y3, (0, 0, 0)  # unused (dequantize mode)
     else:
         strides = s3.stride() if s3 is not None else (0, 0, 0)
-    grid = (n_prog, triton.cdiv(C, _BLOCK_C), B)
+    grid = (n_main + n_tail, triton.cdiv(C, BLOCK_C), B)
     in_bf16, out_bf16 = x3.dtype == torch.bfloat16, y3.dtype == torch.bfloat16
     _mx_quant_kernel[grid](
-        _bits(x3), *x3.stride(), _bits(y3), *y3.stride(), scale_buf, *strides, R, C,
-        r_ends, r_blk_ends, G_R, y_starts if y_starts is not None else r_ends,
-        s_ends, s_starts, s_ends.numel(), Hp, Wp,
-        RCEIL=rounding == "rceil", DEQUANT=dequant, SCALE_MODE=scale_mode,
-        HAS_TAIL=grouped and y_starts is None, PAD_Y=y_starts is not None,
-        IN_BF16=in_bf16, OUT_BF16=out_bf16, BLOCK_C=_BLOCK_C,
+        _bits(x3), *x3.stride(), _bits(y3), *y3.stride(), scale_buf, *strides, R, C, n_main,
+        r_ends, r_blk_ends, G_R, triton.next_power_of_2(G_R), y_starts if y_starts is not None else r_ends,
+        s_ends, s_starts, s_ends.numel(), triton.next_power_of_2(s_ends.numel()), Hp, Wp,
+        RCEIL=rounding == "rceil", DEQUANT=dequant, SCALE_MODE=scale_mode, PAD_Y=y_starts is not None,
+        IN_BF16=in_bf16, OUT_BF16=out_bf16, NB=NB, BLOCK_C=BLOCK_C, num_warps=warps,
     )
 
 
@@ -333,12 +339,12 @@ def quantize(x: torch.Tensor, dim: int = -1, rounding: str = "rceil") -> tuple[t
 def quantize_dequantize(
     x: torch.Tensor, dim: int = -1, rounding: str = "rceil", dtype: torch.dtype | None = None
 ) -> torch.Tensor:
-    """Fused dequantize(quantize(x)) in one pass; output contiguous in x's shape."""
+    """Fused dequantize(quantize(x)) in one pass; the output keeps x's strides when x is dense."""
     ref._check_float(x)
     dim = dim % x.dim()
     if x.shape[dim] % ref.BLOCK:
         raise ValueError(f"dim {dim} of shape {tuple(x.shape)} must be a multiple of {ref.BLOCK}")
-    y = torch.empty(x.shape, dtype=dtype or x.dtype, device=x.device)
+    y = torch.empty_like(x, dtype=dtype or x.dtype)  # x's memory layout: coalesced writes
     _launch_quant(_view3(x, dim)[0], _view3(y, dim)[0], rounding, dequant=True)
     return y
 
@@ -500,5 +506,5 @@ def to_blocked_groups(
 def _launch_blocked(s3, out, mode, ends, starts, Hp, Wp) -> None:
     B, H, W = s3.shape
     grid = (triton.cdiv(H, 64), triton.cdiv(W, 16), B)
-    _to_blocked_kernel[grid](s3, *s3.stride(), out, H, W, ends, ends.numel(), starts, Hp, Wp,
-                             MODE=mode, BLOCK_R=64, BLOCK_W=16)
+    _to_blocked_kernel[grid](s3, *s3.stride(), out, H, W, ends, ends.numel(), triton.next_power_of_2(ends.numel()),
+                             starts, Hp, Wp, MODE=mode, BLOCK_R=64, BLOCK_W=16)

@@ -14,6 +14,7 @@ Three paths, chosen per call by `gemm_path`:
 
 from __future__ import annotations
 
+import functools
 import types
 
 import torch
@@ -74,40 +75,78 @@ def _scaled_grouped_mm(args) -> torch.Tensor:
 # The three GEMMs
 
 
-def _forward(a_MK, b_EKN, offs, rounding):
+# --------------------------------------------------------------------------------------------
+# Quantize-dequantize ops (emulation on GPUs without MXFP8 MMA, and on CPU)
+
+
+def _like(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """y laid out as torch.empty_like(x) (what the fake impls promise)."""
+    out = torch.empty_like(x, dtype=y.dtype)
+    return y if out.stride() == y.stride() else out.copy_(y)
+
+
+@torch.library.custom_op(f"{LIB}::quantize_dequantize", mutates_args=())
+def quantize_dequantize_op(x: torch.Tensor, dim: int, rounding: str) -> torch.Tensor:
+    """x rounded to MXFP8 values (blocks of 32 along `dim`), as bf16."""
+    return _like(x, _kernels(x.device).quantize_dequantize(x, dim, rounding, _OUT_DTYPE))
+
+
+@quantize_dequantize_op.register_fake
+def _(x, dim, rounding):
+    return torch.empty_like(x, dtype=_OUT_DTYPE)
+
+
+@torch.library.custom_op(f"{LIB}::quantize_dequantize_groups", mutates_args=())
+def quantize_dequantize_groups_op(x: torch.Tensor, offs: torch.Tensor, rounding: str) -> torch.Tensor:
+    """[M, K] rounded to MXFP8 values in blocks along M that restart at every group, as bf16."""
+    return _like(x, _kernels(x.device).quantize_dequantize_groups(x, offs, rounding, _OUT_DTYPE))
+
+
+@quantize_dequantize_groups_op.register_fake
+def _(x, offs, rounding):
+    return torch.empty_like(x, dtype=_OUT_DTYPE)
+
+
+# --------------------------------------------------------------------------------------------
+# The three GEMMs. Each is both the eager implementation of its custom op and, under
+# torch.compile, its decomposition: Inductor then sees the quantize-dequantize ops and the
+# grouped GEMM, so identical quantizations (the tokens feeding w1 and w3) are computed once.
+
+
+def _forward(a_MK, b_EKN, offs, rounding, wgrad=None, *, decomposing=False):
     K, N = b_EKN.shape[-2:]
-    path = gemm_path(a_MK.device, K, N)
-    kern = _kernels(a_MK.device)
-    if path == "native":
-        return _scaled_grouped_mm(native_forward_args(kern, a_MK, b_EKN, offs, rounding))
-    a_q = kern.quantize_dequantize(a_MK, -1, rounding, _OUT_DTYPE)
-    b_q = kern.quantize_dequantize(b_EKN, 1, rounding, _OUT_DTYPE)
-    return torch._grouped_mm(a_q, b_q, offs)
+    if gemm_path(a_MK.device, K, N) == "native":
+        if decomposing:  # keep the op: its native path is not decomposed
+            return NotImplemented
+        return _scaled_grouped_mm(native_forward_args(_kernels(a_MK.device), a_MK, b_EKN, offs, rounding))
+    a_q = quantize_dequantize_op(a_MK, -1, rounding)
+    b_q = quantize_dequantize_op(b_EKN, 1, rounding)
+    return torch._grouped_mm(a_q, b_q, offs).to(a_MK.dtype)
 
 
-def _dgrad(grad_MN, b_EKN, offs, rounding):
+def _dgrad(grad_MN, b_EKN, offs, rounding, *, decomposing=False):
     K, N = b_EKN.shape[-2:]
-    path = gemm_path(grad_MN.device, N, K)
-    kern = _kernels(grad_MN.device)
-    if path == "native":
-        return _scaled_grouped_mm(native_dgrad_args(kern, grad_MN, b_EKN, offs, rounding))
-    g_q = kern.quantize_dequantize(grad_MN, -1, rounding, _OUT_DTYPE)
-    b_q = kern.quantize_dequantize(b_EKN, 2, rounding, _OUT_DTYPE)
-    return torch._grouped_mm(g_q, b_q.transpose(-2, -1), offs)
+    if gemm_path(grad_MN.device, N, K) == "native":
+        if decomposing:  # keep the op: its native path is not decomposed
+            return NotImplemented
+        return _scaled_grouped_mm(native_dgrad_args(_kernels(grad_MN.device), grad_MN, b_EKN, offs, rounding))
+    g_q = quantize_dequantize_op(grad_MN, -1, rounding)
+    b_q = quantize_dequantize_op(b_EKN, 2, rounding)
+    return torch._grouped_mm(g_q, b_q.transpose(-2, -1), offs).to(grad_MN.dtype)
 
 
-def _wgrad(grad_MN, a_MK, offs, rounding):
+def _wgrad(grad_MN, a_MK, offs, rounding, *, decomposing=False):
     K, N = a_MK.shape[1], grad_MN.shape[1]
-    path = gemm_path(a_MK.device, K, N)
-    kern = _kernels(a_MK.device)
-    if path == "native":
-        dw_EKN = _scaled_grouped_mm(native_wgrad_args(kern, grad_MN, a_MK, offs, rounding))
+    if gemm_path(a_MK.device, K, N) == "native":
+        if decomposing:  # keep the op: its native path is not decomposed
+            return NotImplemented
+        dw_EKN = _scaled_grouped_mm(native_wgrad_args(_kernels(a_MK.device), grad_MN, a_MK, offs, rounding))
         # an empty group is skipped by the kernel: its gradient is 0, not whatever was in memory
         sizes = torch.diff(offs, prepend=offs.new_zeros(1))
-        return torch.where((sizes > 0)[:, None, None], dw_EKN, 0)
-    a_q = kern.quantize_dequantize_groups(a_MK, offs, rounding, _OUT_DTYPE)
-    g_q = kern.quantize_dequantize_groups(grad_MN, offs, rounding, _OUT_DTYPE)
-    return torch._grouped_mm(a_q.t(), g_q, offs)
+        return torch.where((sizes > 0)[:, None, None], dw_EKN, 0).to(grad_MN.dtype)
+    a_q = quantize_dequantize_groups_op(a_MK, offs, rounding)
+    g_q = quantize_dequantize_groups_op(grad_MN, offs, rounding)
+    return torch._grouped_mm(a_q.t(), g_q, offs).to(grad_MN.dtype)
 
 
 # --------------------------------------------------------------------------------------------
@@ -116,7 +155,7 @@ def _wgrad(grad_MN, a_MK, offs, rounding):
 
 @torch.library.custom_op(f"{LIB}::grouped_mm", mutates_args=())
 def grouped_mm_op(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, rounding: str, wgrad: str) -> torch.Tensor:
-    return _forward(a, b, offs, rounding).to(a.dtype)
+    return _forward(a, b, offs, rounding)
 
 
 @grouped_mm_op.register_fake
@@ -126,7 +165,7 @@ def _(a, b, offs, rounding, wgrad):
 
 @torch.library.custom_op(f"{LIB}::grouped_mm_dgrad", mutates_args=())
 def grouped_mm_dgrad_op(grad: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, rounding: str) -> torch.Tensor:
-    return _dgrad(grad, b, offs, rounding).to(grad.dtype)
+    return _dgrad(grad, b, offs, rounding)
 
 
 @grouped_mm_dgrad_op.register_fake
@@ -136,12 +175,23 @@ def _(grad, b, offs, rounding):
 
 @torch.library.custom_op(f"{LIB}::grouped_mm_wgrad", mutates_args=())
 def grouped_mm_wgrad_op(grad: torch.Tensor, a: torch.Tensor, offs: torch.Tensor, rounding: str) -> torch.Tensor:
-    return _wgrad(grad, a, offs, rounding).to(grad.dtype)
+    return _wgrad(grad, a, offs, rounding)
 
 
 @grouped_mm_wgrad_op.register_fake
 def _(grad, a, offs, rounding):
     return grad.new_empty(offs.shape[0], a.shape[1], grad.shape[1])
+
+
+def _register_inductor_decompositions() -> None:
+    from torch._inductor import decomposition
+
+    for op, fn in ((grouped_mm_op, _forward), (grouped_mm_dgrad_op, _dgrad), (grouped_mm_wgrad_op, _wgrad)):
+        decomposition.decompositions[op._opoverload] = functools.partial(fn, decomposing=True)
+    decomposition.fast_random_decomps.cache_clear()  # a cached copy of the table predates us
+
+
+_register_inductor_decompositions()
 
 
 def _setup_context(ctx, inputs, output):
