@@ -51,11 +51,34 @@ def cases(x_MK: torch.Tensor, offs: torch.Tensor, w_ENK: torch.Tensor):
     yield "qdq_weights_along_N", lambda: tri.quantize_dequantize(b_EKN, 2), 2 * nbytes(w_ENK)
 
 
+def sweep() -> None:
+    """Fraction of copy bandwidth per tile shape (blocks per program, columns, warps) for the
+    contiguous-dim case (qdq along K) and the strided case (qdq along tokens per group)."""
+    x = torch.randn(16384, 16384, device="cuda", dtype=torch.bfloat16)
+    offs = torch.tensor([16384], dtype=torch.int32, device="cuda")
+    dst = torch.empty_like(x)
+    copy_ms = do_bench(lambda: dst.copy_(x), return_mode="median")
+    cases = {True: lambda: tri.quantize_dequantize(x, -1), False: lambda: tri.quantize_dequantize_groups(x, offs)}
+    configs = {True: [(2, 32, 4), (4, 32, 4), (4, 64, 8), (8, 16, 4), (8, 32, 8), (16, 16, 8)],
+               False: [(1, 128, 4), (1, 256, 8), (1, 512, 8), (2, 128, 8), (2, 256, 8), (4, 64, 4)]}
+    default = dict(tri.TILES)
+    for contiguous, fn in cases.items():
+        for cfg in configs[contiguous]:
+            tri.TILES[contiguous] = cfg
+            ms = do_bench(fn, return_mode="median")
+            print(f"contiguous={contiguous!s:<5} tile={cfg} {copy_ms / ms:5.2f}x copy", flush=True)
+        tri.TILES[contiguous] = default[contiguous]
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="benchmarks/results/quantize_h200.json")
     p.add_argument("--quick", action="store_true", help="16384x16384 only")
+    p.add_argument("--sweep", action="store_true", help="time tile shapes of the quantize kernel, then exit")
     args = p.parse_args()
+    if args.sweep:
+        sweep()
+        return
     src = torch.randn(16384, 16384, device="cuda", dtype=torch.bfloat16)
     dst = torch.empty_like(src)
     copy_ms = do_bench(lambda: dst.copy_(src), return_mode="median")

@@ -22,6 +22,8 @@ from . import reference as ref
 
 PLAIN, BLOCKED_COL, BLOCKED_ROW = 0, 1, 2
 _BLOCK_C = 64
+# (blocks per program, columns per program, warps), keyed by "blocks run along the contiguous dim"
+TILES = {True: (4, 32, 4), False: (1, 256, 8)}
 
 
 @triton.jit
@@ -50,9 +52,11 @@ def _load_f32(ptr, mask, IN_BF16: tl.constexpr):
 
 
 @triton.jit
-def _store_f32(ptr, y, mask, OUT_BF16: tl.constexpr):
+def _store_f32(ptr, y, mask, OUT_BF16: tl.constexpr, HW_CVT: tl.constexpr):
     """Store fp32 as fp32, or as bf16 bits (int16 pointer) rounded to nearest even."""
-    if OUT_BF16:
+    if OUT_BF16 and HW_CVT:
+        tl.store(ptr, y.to(tl.bfloat16).to(tl.int16, bitcast=True), mask=mask)
+    elif OUT_BF16:
         bits = y.to(tl.int32, bitcast=True)
         u = bits & 0x7FFFFFFF
         r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
@@ -64,8 +68,8 @@ def _store_f32(ptr, y, mask, OUT_BF16: tl.constexpr):
 
 @triton.jit
 def _e4m3_encode(q, sign):
-    """float32 |q| <= 448 (or NaN) -> float8_e4m3fn byte, round-to-nearest-even, in integer math
-    (the interpreter's float8 cast rounds wrongly; this is exact on every backend)."""
+    """float32 |q| <= 448 (or NaN) -> float8_e4m3fn byte, round-to-nearest-even, in integer math.
+    For the interpreter, whose float8 cast rounds wrongly; GPUs use the hardware cast."""
     u = q.to(tl.int32, bitcast=True) & 0x7FFFFFFF
     e32 = u >> 23
     # normal e4m3 (>= 2^-6): round away the low 20 mantissa bits, carrying into the exponent
@@ -84,15 +88,20 @@ def _e4m3_encode(q, sign):
 
 
 @triton.jit
-def _e4m3_decode(code):
-    """float8_e4m3fn byte (int32) -> float32."""
-    e4 = (code >> 3) & 0xF
-    m3 = code & 7
-    mag = tl.where(e4 > 0, ((e4 + 120) << 23) | (m3 << 20), 0).to(tl.float32, bitcast=True)
-    mag = tl.where(e4 > 0, mag, m3.to(tl.float32) * 0.001953125)  # subnormal: m * 2^-9
-    mag = tl.where((code & 0x7F) == 0x7F, float("nan"), mag)
-    # OR in the sign bit: Triton negates as 0 - x, which loses the sign of zero
-    return (mag.to(tl.int32, bitcast=True) | ((code & 0x80) << 24)).to(tl.float32, bitcast=True)
+def _e4m3_decode(byte, HW_CVT: tl.constexpr):
+    """float8_e4m3fn byte (uint8) -> float32 (in integer math where the hardware cast is missing)."""
+    if HW_CVT:
+        out = byte.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    else:
+        code = byte.to(tl.int32)
+        e4 = (code >> 3) & 0xF
+        m3 = code & 7
+        mag = tl.where(e4 > 0, ((e4 + 120) << 23) | (m3 << 20), 0).to(tl.float32, bitcast=True)
+        mag = tl.where(e4 > 0, mag, m3.to(tl.float32) * 0.001953125)  # subnormal: m * 2^-9
+        mag = tl.where((code & 0x7F) == 0x7F, float("nan"), mag)
+        # OR in the sign bit: Triton negates as 0 - x, which loses the sign of zero
+        out = (mag.to(tl.int32, bitcast=True) | ((code & 0x80) << 24)).to(tl.float32, bitcast=True)
+    return out
 
 
 @triton.jit
@@ -152,6 +161,7 @@ def _mx_quant_kernel(
     PAD_Y: tl.constexpr,
     IN_BF16: tl.constexpr,
     OUT_BF16: tl.constexpr,
+    HW_CVT: tl.constexpr,
     NB: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
@@ -178,27 +188,30 @@ def _mx_quant_kernel(
         r = (row0 + (jb - first_blk) * 32)[:, None] + rr[None, :]
         m = (r < g_end[:, None])[:, :, None] & c_ok[None, None, :]
         x = _load_f32(x_ptr + b * sx_b + r[:, :, None] * sx_r + c[None, None, :] * sx_c, m, IN_BF16)
-        sign = (x.to(tl.int32, bitcast=True) >> 31) & 1
 
+        # NaN counts as inf, so amax == inf marks every non-finite block
         ax = tl.abs(x)
-        nonfinite = tl.max(((x != x) | (ax == float("inf"))).to(tl.int32), axis=1)
-        bits = tl.max(ax, axis=1).to(tl.int32, bitcast=True)
+        amax = tl.max(tl.where(ax != ax, float("inf"), ax), axis=1)
+        bits = amax.to(tl.int32, bitcast=True)
         biased = ((bits >> 23) & 0xFF) - 8
         if RCEIL:
             biased += ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)
         biased = tl.minimum(tl.maximum(biased, 0), 254)
-        biased = tl.where(nonfinite > 0, 255, biased)
+        biased = tl.where(amax == float("inf"), 255, biased)
         inv = tl.where(biased == 255, 127 << 23, (254 - biased) << 23).to(tl.float32, bitcast=True)
         q = x * inv[:, None, :]
         q = tl.where(q != q, q, tl.minimum(tl.maximum(q, -448.0), 448.0))
-        q8 = _e4m3_encode(q, sign)
+        if HW_CVT:
+            q8 = q.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+        else:
+            q8 = _e4m3_encode(q, (x.to(tl.int32, bitcast=True) >> 31) & 1)
 
         if PAD_Y:
             r = r + (tl.load(y_starts_ptr + g, mask=g < G_R, other=0) - row0)[:, None]
         y_offs = b * sy_b + r[:, :, None] * sy_r + c[None, None, :] * sy_c
         if DEQUANT:
-            y = _e4m3_decode(q8.to(tl.int32)) * _e8m0_to_float(biased)[:, None, :]
-            _store_f32(y_ptr + y_offs, y, m, OUT_BF16)
+            y = _e4m3_decode(q8, HW_CVT) * _e8m0_to_float(biased)[:, None, :]
+            _store_f32(y_ptr + y_offs, y, m, OUT_BF16, HW_CVT)
         else:
             tl.store(y_ptr + y_offs, q8, mask=m)
             s_offs, s_ok = _scale_offsets(
@@ -211,7 +224,7 @@ def _mx_quant_kernel(
 @triton.jit
 def _dequant_kernel(
     q_ptr, sq_b, sq_r, sq_c, s_ptr, ss_b, ss_r, ss_c, y_ptr, sy_b, sy_r, sy_c, C,
-    OUT_BF16: tl.constexpr, BLOCK_C: tl.constexpr,
+    OUT_BF16: tl.constexpr, HW_CVT: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     j = tl.program_id(0)
     b = tl.program_id(2).to(tl.int64)
@@ -220,8 +233,8 @@ def _dequant_kernel(
     r = j * 32 + tl.arange(0, 32)
     q = tl.load(q_ptr + b * sq_b + r[:, None] * sq_r + c[None, :] * sq_c, mask=c_ok[None, :])
     biased = tl.load(s_ptr + b * ss_b + j * ss_r + c * ss_c, mask=c_ok).to(tl.int32)
-    y = _e4m3_decode(q.to(tl.int32)) * _e8m0_to_float(biased)[None, :]
-    _store_f32(y_ptr + b * sy_b + r[:, None] * sy_r + c[None, :] * sy_c, y, c_ok[None, :], OUT_BF16)
+    y = _e4m3_decode(q, HW_CVT) * _e8m0_to_float(biased)[None, :]
+    _store_f32(y_ptr + b * sy_b + r[:, None] * sy_r + c[None, :] * sy_c, y, c_ok[None, :], OUT_BF16, HW_CVT)
 
 
 @triton.jit
@@ -297,7 +310,7 @@ def _launch_quant(
     r_blk_ends = torch.cumsum((torch.diff(r_ends, prepend=r_ends.new_zeros(1)) + 31) // 32, 0, dtype=torch.int32)
     # blocks along the contiguous dim: 4 blocks x 32 rows per program (256-byte row segments);
     # blocks across rows: one block x 256 contiguous columns
-    NB, BLOCK_C, warps = (4, 32, 4) if x3.stride(1) == 1 else (1, 256, 8)
+    NB, BLOCK_C, warps = TILES[x3.stride(1) == 1]
     n_main = triton.cdiv(ref.group_scale_rows(R, G_R) if grouped else R // 32, NB)
     # extra programs zero the rows past the last group end (none when the data is pre-zeroed)
     n_tail = triton.cdiv(R, 32 * NB) if grouped and y_starts is None else 0
@@ -316,7 +329,7 @@ def _launch_quant(
         r_ends, r_blk_ends, G_R, triton.next_power_of_2(G_R), y_starts if y_starts is not None else r_ends,
         s_ends, s_starts, s_ends.numel(), triton.next_power_of_2(s_ends.numel()), Hp, Wp,
         RCEIL=rounding == "rceil", DEQUANT=dequant, SCALE_MODE=scale_mode, PAD_Y=y_starts is not None,
-        IN_BF16=in_bf16, OUT_BF16=out_bf16, NB=NB, BLOCK_C=BLOCK_C, num_warps=warps,
+        IN_BF16=in_bf16, OUT_BF16=out_bf16, HW_CVT=x3.is_cuda, NB=NB, BLOCK_C=BLOCK_C, num_warps=warps,
     )
 
 
@@ -363,7 +376,7 @@ def dequantize(
     B, R, C = q3.shape
     _dequant_kernel[(R // 32, triton.cdiv(C, _BLOCK_C), B)](
         q3, *q3.stride(), s3, *s3.stride(), _bits(y3), *y3.stride(), C,
-        OUT_BF16=dtype == torch.bfloat16, BLOCK_C=_BLOCK_C,
+        OUT_BF16=dtype == torch.bfloat16, HW_CVT=data.is_cuda, BLOCK_C=_BLOCK_C,
     )
     return y
 
