@@ -14,6 +14,8 @@ data exit early.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -23,7 +25,7 @@ from . import reference as ref
 PLAIN, BLOCKED_COL, BLOCKED_ROW = 0, 1, 2
 _BLOCK_C = 64
 # (blocks per program, columns per program, warps), keyed by "blocks run along the contiguous dim"
-TILES = {True: (4, 32, 4), False: (1, 256, 8)}
+TILES = {True: (8, 16, 4), False: (1, 128, 4)}  # best of benchmarks/bench_quantize.py --sweep
 
 
 @triton.jit
@@ -285,8 +287,16 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
 
 
+@functools.lru_cache(maxsize=256)
 def _one_group(n: int, device: torch.device) -> torch.Tensor:
-    return torch.tensor([n], dtype=torch.int32, device=device)
+    """[n] as a device tensor, made once: building it from a host list would copy host to
+    device, which waits for the stream, on every call."""
+    return torch.full((1,), n, dtype=torch.int32, device=device)
+
+
+def _block_ends(offs: torch.Tensor) -> torch.Tensor:
+    """Cumulative count of 32-row blocks per group (a group's last block may be short)."""
+    return torch.cumsum((torch.diff(offs, prepend=offs.new_zeros(1)) + 31) // 32, 0, dtype=torch.int32)
 
 
 def _launch_quant(
@@ -307,7 +317,7 @@ def _launch_quant(
             raise ValueError(f"block dim of size {R} is not a multiple of {ref.BLOCK}")
         r_ends = _one_group(R, dev)
     G_R = r_ends.numel()
-    r_blk_ends = torch.cumsum((torch.diff(r_ends, prepend=r_ends.new_zeros(1)) + 31) // 32, 0, dtype=torch.int32)
+    r_blk_ends = _block_ends(r_ends) if grouped else _one_group(R // 32, dev)
     # blocks along the contiguous dim: 4 blocks x 32 rows per program (256-byte row segments);
     # blocks across rows: one block x 256 contiguous columns
     NB, BLOCK_C, warps = TILES[x3.stride(1) == 1]
@@ -317,7 +327,7 @@ def _launch_quant(
     if s_ends is None:
         s_ends = r_blk_ends if scale_mode == BLOCKED_COL else _one_group(C, dev)
     if s_starts is None:
-        s_starts = torch.zeros(1, dtype=torch.int32, device=dev)
+        s_starts = _one_group(0, dev)
     if scale_buf is None:
         scale_buf, strides = y3, (0, 0, 0)  # unused (dequantize mode)
     else:
@@ -488,8 +498,7 @@ def to_blocked(scales: torch.Tensor) -> torch.Tensor:
     B, H, W = s3.shape
     Hp, Wp = ref._round_up(H, 128), ref._round_up(W, 4)
     out = torch.zeros(B, Hp * Wp, dtype=torch.uint8, device=scales.device)
-    _launch_blocked(s3, out, BLOCKED_ROW, _one_group(H, scales.device),
-                    torch.zeros(1, dtype=torch.int32, device=scales.device), Hp, Wp)
+    _launch_blocked(s3, out, BLOCKED_ROW, _one_group(H, scales.device), _one_group(0, scales.device), Hp, Wp)
     out = out.view(Hp, Wp) if scales.dim() == 2 else out
     return out.view(torch.float8_e8m0fnu)
 
@@ -511,8 +520,7 @@ def to_blocked_groups(
     else:
         Hp = ref._round_up(rows, 128)
         out = torch.zeros(Hp, cols + G * 4, dtype=torch.uint8, device=scales.device)
-        blk_ends = torch.cumsum((torch.diff(offs, prepend=offs.new_zeros(1)) + 31) // 32, 0, dtype=torch.int32)
-        _launch_blocked(s3, out, BLOCKED_COL, blk_ends, starts, Hp, 0)
+        _launch_blocked(s3, out, BLOCKED_COL, _block_ends(offs), starts, Hp, 0)
     return out.view(torch.float8_e8m0fnu), starts
 
 
