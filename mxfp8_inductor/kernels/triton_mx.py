@@ -177,11 +177,12 @@ def _mx_quant_kernel(
     c_ok = c < C
     rr = tl.arange(0, 32)
     if pid >= n_main:
-        last = tl.load(r_ends_ptr + G_R - 1)
-        r = last + (pid - n_main) * NB * 32 + tl.arange(0, NB)[:, None] * 32 + rr[None, :]
-        m = ((r < R)[:, :, None]) & c_ok[None, None, :]
-        zero = tl.zeros([NB, 32, BLOCK_C], dtype=y_ptr.dtype.element_ty)
-        tl.store(y_ptr + b * sy_b + r[:, :, None] * sy_r + c[None, None, :] * sy_c, zero, mask=m)
+        # (names differ from the other branch: Triton unifies variables set in both)
+        t_last = tl.load(r_ends_ptr + G_R - 1)
+        t_r = t_last + (pid - n_main) * NB * 32 + tl.arange(0, NB)[:, None] * 32 + rr[None, :]
+        t_m = ((t_r < R)[:, :, None]) & c_ok[None, None, :]
+        t_zero = tl.zeros([NB, 32, BLOCK_C], dtype=y_ptr.dtype.element_ty)
+        tl.store(y_ptr + b * sy_b + t_r[:, :, None] * sy_r + c[None, None, :] * sy_c, t_zero, mask=t_m)
     else:
         jb = pid * NB + tl.arange(0, NB)
         g = _group_of(r_blk_ends_ptr, G_R, GP_R, jb)
