@@ -25,7 +25,7 @@ from . import reference as ref
 PLAIN, BLOCKED_COL, BLOCKED_ROW = 0, 1, 2
 _BLOCK_C = 64
 # (blocks per program, columns per program, warps), keyed by "blocks run along the contiguous dim"
-TILES = {True: (4, 32, 4), False: (1, 128, 4)}  # best of benchmarks/bench_quantize.py --sweep
+TILES = {True: (8, 16, 4), False: (1, 128, 4)}  # best of benchmarks/bench_quantize.py --sweep
 
 
 @triton.jit
@@ -164,12 +164,11 @@ def _mx_quant_kernel(
     IN_BF16: tl.constexpr,
     OUT_BF16: tl.constexpr,
     HW_CVT: tl.constexpr,
-    CONTIG: tl.constexpr,
     NB: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
     """Program (p, q, b): blocks p*NB .. p*NB+NB-1 along r (global block ids: group after group),
-    columns q*BLOCK_C .., batch b (CONTIG: r is the contiguous dim). Programs p >= n_main zero the
+    columns q*BLOCK_C .., batch b; the tile is [NB, 32, BLOCK_C]. Programs p >= n_main zero the
     rows past the last group end (quantize_groups leaves no row unwritten)."""
     pid = tl.program_id(0)
     b = tl.program_id(2).to(tl.int64)
@@ -177,42 +176,24 @@ def _mx_quant_kernel(
     c_ok = c < C
     rr = tl.arange(0, 32)
     if pid >= n_main:
-        # (names differ from the other branch: Triton unifies variables set in both)
-        t_last = tl.load(r_ends_ptr + G_R - 1)
-        t_r = t_last + (pid - n_main) * NB * 32 + tl.arange(0, NB)[:, None] * 32 + rr[None, :]
-        t_m = ((t_r < R)[:, :, None]) & c_ok[None, None, :]
-        t_zero = tl.zeros([NB, 32, BLOCK_C], dtype=y_ptr.dtype.element_ty)
-        tl.store(y_ptr + b * sy_b + t_r[:, :, None] * sy_r + c[None, None, :] * sy_c, t_zero, mask=t_m)
+        last = tl.load(r_ends_ptr + G_R - 1)
+        r = last + (pid - n_main) * NB * 32 + tl.arange(0, NB)[:, None] * 32 + rr[None, :]
+        m = ((r < R)[:, :, None]) & c_ok[None, None, :]
+        zero = tl.zeros([NB, 32, BLOCK_C], dtype=y_ptr.dtype.element_ty)
+        tl.store(y_ptr + b * sy_b + r[:, :, None] * sy_r + c[None, None, :] * sy_c, zero, mask=m)
     else:
         jb = pid * NB + tl.arange(0, NB)
         g = _group_of(r_blk_ends_ptr, G_R, GP_R, jb)
         first_blk = _group_start(r_blk_ends_ptr, g)
         row0 = _group_start(r_ends_ptr, g)
         g_end = tl.load(r_ends_ptr + g, mask=g < G_R, other=0)
-        if PAD_Y:
-            y_shift = tl.load(y_starts_ptr + g, mask=g < G_R, other=0) - row0
-        else:
-            y_shift = row0 * 0
-        start = row0 + (jb - first_blk) * 32
-        if CONTIG:  # tile [BLOCK_C, NB, 32]: each block's 32 elements innermost (contiguous)
-            r = start[None, :, None] + rr[None, None, :]
-            m = (r < g_end[None, :, None]) & c_ok[:, None, None]
-            c3 = c[:, None, None]
-            y_r = r + y_shift[None, :, None]
-        else:  # tile [NB, 32, BLOCK_C]: a block's 32 rows, BLOCK_C contiguous columns
-            r = start[:, None, None] + rr[None, :, None]
-            m = (r < g_end[:, None, None]) & c_ok[None, None, :]
-            c3 = c[None, None, :]
-            y_r = r + y_shift[:, None, None]
-        x = _load_f32(x_ptr + b * sx_b + r * sx_r + c3 * sx_c, m, IN_BF16)
+        r = (row0 + (jb - first_blk) * 32)[:, None] + rr[None, :]
+        m = (r < g_end[:, None])[:, :, None] & c_ok[None, None, :]
+        x = _load_f32(x_ptr + b * sx_b + r[:, :, None] * sx_r + c[None, None, :] * sx_c, m, IN_BF16)
 
         # NaN counts as inf, so amax == inf marks every non-finite block
         ax = tl.abs(x)
-        ax = tl.where(ax != ax, float("inf"), ax)
-        if CONTIG:
-            amax = tl.max(ax, axis=2)
-        else:
-            amax = tl.max(ax, axis=1)
+        amax = tl.max(tl.where(ax != ax, float("inf"), ax), axis=1)
         bits = amax.to(tl.int32, bitcast=True)
         biased = ((bits >> 23) & 0xFF) - 8
         if RCEIL:
@@ -220,34 +201,25 @@ def _mx_quant_kernel(
         biased = tl.minimum(tl.maximum(biased, 0), 254)
         biased = tl.where(amax == float("inf"), 255, biased)
         inv = tl.where(biased == 255, 127 << 23, (254 - biased) << 23).to(tl.float32, bitcast=True)
-        if CONTIG:
-            inv3 = inv[:, :, None]
-        else:
-            inv3 = inv[:, None, :]
-        q = x * inv3
+        q = x * inv[:, None, :]
         q = tl.where(q != q, q, tl.minimum(tl.maximum(q, -448.0), 448.0))
         if HW_CVT:
             q8 = q.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
         else:
             q8 = _e4m3_encode(q, (x.to(tl.int32, bitcast=True) >> 31) & 1)
 
-        y_offs = b * sy_b + y_r * sy_r + c3 * sy_c
+        if PAD_Y:
+            r = r + (tl.load(y_starts_ptr + g, mask=g < G_R, other=0) - row0)[:, None]
+        y_offs = b * sy_b + r[:, :, None] * sy_r + c[None, None, :] * sy_c
         if DEQUANT:
-            scale = _e8m0_to_float(biased)
-            if CONTIG:
-                scale3 = scale[:, :, None]
-            else:
-                scale3 = scale[:, None, :]
-            _store_f32(y_ptr + y_offs, _e4m3_decode(q8, HW_CVT) * scale3, m, OUT_BF16, HW_CVT)
+            y = _e4m3_decode(q8, HW_CVT) * _e8m0_to_float(biased)[:, None, :]
+            _store_f32(y_ptr + y_offs, y, m, OUT_BF16, HW_CVT)
         else:
             tl.store(y_ptr + y_offs, q8, mask=m)
             s_offs, s_ok = _scale_offsets(
                 b, c, jb, ss_b, ss_blk, ss_c, s_ends_ptr, G_S, GP_S, s_starts_ptr, Hp, Wp, SCALE_MODE
             )
             s_ok = s_ok & c_ok[None, :] & (g < G_R)[:, None]
-            if CONTIG:  # scales come as [BLOCK_C, NB]
-                s_offs = tl.trans(s_offs)
-                s_ok = tl.trans(s_ok)
             tl.store(s_ptr + s_offs, biased.to(tl.uint8), mask=s_ok)
 
 
@@ -348,8 +320,7 @@ def _launch_quant(
     r_blk_ends = _block_ends(r_ends) if grouped else _one_group(R // 32, dev)
     # blocks along the contiguous dim: 4 blocks x 32 rows per program (256-byte row segments);
     # blocks across rows: one block x 256 contiguous columns
-    contig = x3.stride(1) == 1 and not grouped  # token groups run across rows
-    NB, BLOCK_C, warps = TILES[contig]
+    NB, BLOCK_C, warps = TILES[x3.stride(1) == 1]
     n_main = triton.cdiv(ref.group_scale_rows(R, G_R) if grouped else R // 32, NB)
     # extra programs zero the rows past the last group end (none when the data is pre-zeroed)
     n_tail = triton.cdiv(R, 32 * NB) if grouped and y_starts is None else 0
@@ -368,7 +339,7 @@ def _launch_quant(
         r_ends, r_blk_ends, G_R, triton.next_power_of_2(G_R), y_starts if y_starts is not None else r_ends,
         s_ends, s_starts, s_ends.numel(), triton.next_power_of_2(s_ends.numel()), Hp, Wp,
         RCEIL=rounding == "rceil", DEQUANT=dequant, SCALE_MODE=scale_mode, PAD_Y=y_starts is not None,
-        IN_BF16=in_bf16, OUT_BF16=out_bf16, HW_CVT=x3.is_cuda, CONTIG=contig, NB=NB, BLOCK_C=BLOCK_C, num_warps=warps,
+        IN_BF16=in_bf16, OUT_BF16=out_bf16, HW_CVT=x3.is_cuda, NB=NB, BLOCK_C=BLOCK_C, num_warps=warps,
     )
 
 
