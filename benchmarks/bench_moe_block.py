@@ -22,20 +22,10 @@ from triton.testing import do_bench
 ROOT = pathlib.Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 import mxfp8_inductor  # noqa: E402,F401  (registers backend="mxfp8")
 from moe_model import GroupedExperts  # noqa: E402
-
-SHAPES = {"dsv3": (8, 7168, 2048), "l4scout": (4, 5120, 8192), "qwen3_30b": (16, 2048, 768), "fine64": (64, 2048, 1536)}
-TOKENS = 32768
-
-
-def uneven_counts(E: int, M: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(0)
-    w = torch.rand(E, generator=g) + 0.2
-    counts = (w / w.sum() * M).floor().int()
-    counts[0] += M - counts.sum()
-    return counts.cuda()
-
+from shapes import SHAPES, TOKENS, uneven_counts  # noqa: E402
 
 def sqnr(ref: torch.Tensor, x: torch.Tensor) -> float:
     ref, x = ref.double(), x.double()

@@ -17,19 +17,9 @@ import triton
 from triton.testing import do_bench
 
 sys.path.insert(0, ".")
+sys.path.insert(0, "benchmarks")
 from mxfp8_inductor.kernels import triton_mx as tri  # noqa: E402
-
-SHAPES = {"dsv3": (8, 7168, 2048), "l4scout": (4, 5120, 8192), "qwen3_30b": (16, 2048, 768), "fine64": (64, 2048, 1536)}
-TOKENS = 32768
-
-
-def uneven_offs(E: int, M: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(0)
-    w = torch.rand(E, generator=g) + 0.2
-    sizes = (w / w.sum() * M).floor().long()
-    sizes[0] += M - sizes.sum()
-    return sizes.cumsum(0).to(torch.int32).cuda()
-
+from shapes import SHAPES, TOKENS, uneven_counts  # noqa: E402
 
 def nbytes(*ts) -> int:
     return sum(t.numel() * t.element_size() for t in ts)
@@ -88,7 +78,8 @@ def main() -> None:
                                 src.view(1, 16384, 16384))}
     if not args.quick:
         for name, (E, D, F) in SHAPES.items():
-            problems[name] = (torch.randn(TOKENS, D, device="cuda", dtype=torch.bfloat16), uneven_offs(E, TOKENS),
+            offs = torch.cumsum(uneven_counts(E, TOKENS), 0, dtype=torch.int32)
+            problems[name] = (torch.randn(TOKENS, D, device="cuda", dtype=torch.bfloat16), offs,
                               torch.randn(E, F, D, device="cuda", dtype=torch.bfloat16))
     for shape, (x, offs, w) in problems.items():
         for kernel, fn, moved in cases(x, offs, w):

@@ -135,6 +135,16 @@ def _group_bounds(offs: torch.Tensor) -> list[tuple[int, int]]:
     return list(zip([0] + ends[:-1], ends))
 
 
+def _group_blocks(offs: torch.Tensor):
+    """(start, end, first scale row, number of 32-row blocks) of every non-empty group."""
+    row = 0
+    for start, end in _group_bounds(offs):
+        if end > start:
+            nblk = -(-(end - start) // BLOCK)
+            yield start, end, row, nblk
+            row += nblk
+
+
 def quantize_groups(
     x_MK: torch.Tensor, offs: torch.Tensor, rounding: str = "rceil"
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,18 +160,13 @@ def quantize_groups(
     M, K = x_MK.shape
     data_MK = torch.zeros(M, K, dtype=torch.float8_e4m3fn, device=x_MK.device)
     biased_SK = torch.zeros(group_scale_rows(M, offs.numel()), K, dtype=torch.int32, device=x_MK.device)
-    row = 0
-    for start, end in _group_bounds(offs):
+    for start, end, row, nblk in _group_blocks(offs):
         size = end - start
-        if size <= 0:
-            continue
-        nblk = -(-size // BLOCK)
         x_KS = x_MK[start:end].float().t()
         x_KS = torch.nn.functional.pad(x_KS, (0, nblk * BLOCK - size))  # zeros do not change amax
         q, biased = _quantize_blocks(x_KS.reshape(K, nblk, BLOCK), rounding)
         data_MK[start:end] = q.reshape(K, -1)[:, :size].t()
         biased_SK[row : row + nblk] = biased.t()
-        row += nblk
     return data_MK, _exponent_to_e8m0(biased_SK)
 
 
@@ -171,15 +176,9 @@ def dequantize_groups(
     """Inverse of `quantize_groups`; rows past offs[-1] are 0."""
     M, K = data_MK.shape
     out = torch.zeros(M, K, dtype=dtype, device=data_MK.device)
-    row = 0
-    for start, end in _group_bounds(offs):
-        size = end - start
-        if size <= 0:
-            continue
-        nblk = -(-size // BLOCK)
-        scale = e8m0_to_float(scales_SK[row : row + nblk]).repeat_interleave(BLOCK, dim=0)[:size]
+    for start, end, row, nblk in _group_blocks(offs):
+        scale = e8m0_to_float(scales_SK[row : row + nblk]).repeat_interleave(BLOCK, dim=0)[: end - start]
         out[start:end] = (data_MK[start:end].float() * scale).to(dtype)
-        row += nblk
     return out
 
 
