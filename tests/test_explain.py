@@ -199,3 +199,19 @@ def test_bad_options_raise_clear_errors(options, match):
         mx.inductor_options(**options)
     with pytest.raises(ValueError, match=match):
         mx.mxfp8(MoEModel(layers=1), **options)
+
+
+def test_class_decorator_marks_every_instance_with_its_options():
+    @mx.mxfp8(exclude=["layers.1"], wgrad="bf16")
+    class MarkedMoE(MoEModel):
+        pass
+
+    torch.manual_seed(0)
+    model = MarkedMoE(layers=2).bfloat16()
+    report = mx.explain(model, torch.randn(1, 8, 64, dtype=torch.bfloat16))
+    by_layer = {(s.weight_fqn.split(".")[1], s.role): s.action for s in report.sites}
+    assert by_layer[("0", "forward")] == "rewritten" and by_layer[("0", "weight-grad")] == "kept bf16"
+    assert by_layer[("1", "forward")] == "excluded"
+    # expert modules get a guard-visible subclass per decision, so per-block graphs are not shared
+    assert type(model.layers[0].moe.experts) is not type(model.layers[1].moe.experts)
+    assert isinstance(model.layers[1].moe.experts, type(MoEModel().layers[0].moe.experts))
