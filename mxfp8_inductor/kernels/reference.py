@@ -123,7 +123,7 @@ def group_scale_rows(num_rows: int, num_groups: int) -> int:
     return num_rows // BLOCK + num_groups
 
 
-def check_offs(offs: torch.Tensor, num_rows: int) -> None:
+def check_offs(offs: torch.Tensor) -> None:
     if offs.dtype != torch.int32 or offs.dim() != 1:
         raise ValueError(f"offs must be a 1-D int32 tensor of group ends, got {offs.dtype} {tuple(offs.shape)}")
     if offs.numel() == 0:
@@ -156,7 +156,7 @@ def quantize_groups(
     """
     _check_float(x_MK)
     check_rounding(rounding)
-    check_offs(offs, x_MK.shape[0])
+    check_offs(offs)
     M, K = x_MK.shape
     data_MK = torch.zeros(M, K, dtype=torch.float8_e4m3fn, device=x_MK.device)
     biased_SK = torch.zeros(group_scale_rows(M, offs.numel()), K, dtype=torch.int32, device=x_MK.device)
