@@ -72,10 +72,6 @@ def _scaled_grouped_mm(args) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------------------------
-# The three GEMMs
-
-
-# --------------------------------------------------------------------------------------------
 # Quantize-dequantize ops (emulation on GPUs without MXFP8 MMA, and on CPU)
 
 
