@@ -145,7 +145,7 @@ def forward(self, L_self_modules_layers_modules_0_modules_norm_parameters_weight
 class TestHFStyle(expecttest.TestCase):
     def test_mixtral_and_gpt_oss_layouts(self):
         torch.manual_seed(0)
-        x = torch.randn(2, 8, 64, dtype=torch.bfloat16)
+        x = torch.randn(2, 8, 64, dtype=torch.bfloat16, requires_grad=True)
         for gpt_oss in (False, True):
             report = mx.explain(HFSparseMoeBlock(gpt_oss=gpt_oss).bfloat16(), x)
             self.assertEqual({s.action for s in report.sites}, {"rewritten"})
@@ -157,7 +157,18 @@ class TestHFStyle(expecttest.TestCase):
 # backward
     mxfp8.grouped_mm_dgrad.default
     mxfp8.grouped_mm_wgrad.default
+    mxfp8.grouped_mm_dgrad.default
     mxfp8.grouped_mm_wgrad.default""")
+
+
+def test_gemms_without_gradient_are_reported_as_not_computed():
+    """Tokens that need no gradient (no learnable op before the experts) have no input-grad GEMM."""
+    torch.manual_seed(0)
+    report = mx.explain(HFSparseMoeBlock().bfloat16(), torch.randn(2, 8, 64, dtype=torch.bfloat16))
+    rows = {(s.weight_fqn, s.role): s.action for s in report.sites}
+    assert rows[("experts.gate_up_proj", "input-grad")] == "not computed"
+    assert rows[("experts.down_proj", "input-grad")] == "rewritten"
+    assert "mxfp8.grouped_mm_dgrad" in report.aot_graphs[-1]
 
 
 def test_include_patterns_select_sites():

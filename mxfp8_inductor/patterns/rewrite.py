@@ -32,7 +32,7 @@ class SiteReport:
     module_fqn: str | None
     weight_fqn: str | None
     role: str
-    action: str  # "rewritten", "excluded", "skipped" or "kept bf16"
+    action: str  # "rewritten", "excluded", "skipped", "kept bf16" or "not computed"
     reason: str
     node: str
 
@@ -49,11 +49,20 @@ def _replace(site: Site, config: MXFP8Config) -> str:
     return new.name
 
 
+def _needs_grad(x) -> bool:
+    val = x.meta.get("example_value", x.meta.get("val")) if isinstance(x, torch.fx.Node) else x
+    return not isinstance(val, torch.Tensor) or val.requires_grad
+
+
 def _rows(site: Site, node_name: str, action: str, reason: str, config: MXFP8Config) -> list[SiteReport]:
     rows = []
     for role in ROLES:
         act, why = action, reason
-        if action == "rewritten" and role == "weight-grad" and config.wgrad == "bf16":
+        if action == "rewritten" and role == "input-grad" and not _needs_grad(site.a):
+            act, why = "not computed", "the tokens need no gradient"
+        elif action == "rewritten" and role == "weight-grad" and not _needs_grad(site.b):
+            act, why = "not computed", "the weight needs no gradient"
+        elif action == "rewritten" and role == "weight-grad" and config.wgrad == "bf16":
             act, why = "kept bf16", "wgrad='bf16'"
         rows.append(SiteReport(site.module_fqn, site.weight_fqn, role, act, why, node_name))
     return rows
