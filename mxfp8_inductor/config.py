@@ -9,9 +9,12 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from .kernels import reference
+from .lowering import ops
+
 RECIPES = ("mxfp8",)
-ROUNDINGS = ("rceil", "floor")
-WGRADS = ("mxfp8", "bf16")
+ROUNDINGS = reference.ROUNDINGS
+WGRADS = ops.WGRAD_MODES
 
 # FQN globs: dotted names with *, ? and [...] classes
 _PATTERN_OK = re.compile(r"^[A-Za-z0-9_.*?\[\]!\-]+$")

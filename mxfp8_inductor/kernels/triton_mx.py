@@ -257,29 +257,18 @@ def _to_blocked_kernel(
 # Host wrappers (no host synchronisation)
 
 
-def _view3(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, int, int]:
-    """View x as X[b, r, c] with blocks along r = `dim`; returns (view, dim, batch dim or -1)."""
+def _view3(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """View x (or its scales, same rank) as X[b, r, c] with blocks along r = `dim`."""
     if x.dim() == 1:
-        return x.view(1, -1, 1), 0, -1
+        return x.view(1, -1, 1)
     if x.dim() > 3:
         raise ValueError(f"Triton MXFP8 kernels take 1-D to 3-D tensors, got {x.dim()}-D")
     dim = dim % x.dim()
     if x.dim() == 2:
-        other = 1 - dim
-        return x.permute(dim, other).unsqueeze(0), dim, -1
+        return x.permute(dim, 1 - dim).unsqueeze(0)
     bdim = 0 if dim != 0 else 1
     other = ({0, 1, 2} - {dim, bdim}).pop()
-    return x.permute(bdim, dim, other), dim, bdim
-
-
-def _scale_view(scales: torch.Tensor, x_dim: int, dim: int) -> torch.Tensor:
-    if x_dim == 1:
-        return scales.view(1, -1, 1)
-    if x_dim == 2:
-        return scales.permute(dim, 1 - dim).unsqueeze(0)
-    bdim = 0 if dim != 0 else 1
-    other = ({0, 1, 2} - {dim, bdim}).pop()
-    return scales.permute(bdim, dim, other)
+    return x.permute(bdim, dim, other)
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -353,9 +342,8 @@ def quantize(x: torch.Tensor, dim: int = -1, rounding: str = "rceil") -> tuple[t
     s_shape = list(x.shape)
     s_shape[dim] //= ref.BLOCK
     scales = torch.empty(s_shape, dtype=torch.uint8, device=x.device)
-    x3, _, _ = _view3(x, dim)
-    s3 = _scale_view(scales, x.dim(), dim)
-    _launch_quant(x3, _view3(data, dim)[0], rounding, dequant=False, s3=s3, scale_buf=scales)
+    _launch_quant(_view3(x, dim), _view3(data, dim), rounding, dequant=False, s3=_view3(scales, dim),
+                  scale_buf=scales)
     return data.view(torch.float8_e4m3fn), scales.view(torch.float8_e8m0fnu)
 
 
@@ -368,7 +356,7 @@ def quantize_dequantize(
     if x.shape[dim] % ref.BLOCK:
         raise ValueError(f"dim {dim} of shape {tuple(x.shape)} must be a multiple of {ref.BLOCK}")
     y = torch.empty_like(x, dtype=dtype or x.dtype)  # x's memory layout: coalesced writes
-    _launch_quant(_view3(x, dim)[0], _view3(y, dim)[0], rounding, dequant=True)
+    _launch_quant(_view3(x, dim), _view3(y, dim), rounding, dequant=True)
     return y
 
 
@@ -380,9 +368,9 @@ def dequantize(
         raise ValueError(f"dequantize writes bf16 or fp32, got {dtype}")
     dim = dim % data.dim()
     y = torch.empty(data.shape, dtype=dtype, device=data.device)
-    q3, _, _ = _view3(data.view(torch.uint8), dim)
-    s3 = _scale_view(scales.view(torch.uint8), data.dim(), dim)
-    y3, _, _ = _view3(y, dim)
+    q3 = _view3(data.view(torch.uint8), dim)
+    s3 = _view3(scales.view(torch.uint8), dim)
+    y3 = _view3(y, dim)
     B, R, C = q3.shape
     _dequant_kernel[(R // 32, triton.cdiv(C, _BLOCK_C), B)](
         q3, *q3.stride(), s3, *s3.stride(), _bits(y3), *y3.stride(), C,

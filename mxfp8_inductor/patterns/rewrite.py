@@ -16,7 +16,7 @@ import torch.fx
 from ..config import MXFP8Config
 from ..lowering import ops  # noqa: F401  (registers torch.ops.mxfp8)
 from . import registry
-from .sites import Site, find_sites
+from .sites import Site, _val, find_sites
 
 log = logging.getLogger("mxfp8_inductor")
 
@@ -50,7 +50,7 @@ def _replace(site: Site, config: MXFP8Config) -> str:
 
 
 def _needs_grad(x) -> bool:
-    val = x.meta.get("example_value", x.meta.get("val")) if isinstance(x, torch.fx.Node) else x
+    val = _val(x)
     return not isinstance(val, torch.Tensor) or val.requires_grad
 
 
