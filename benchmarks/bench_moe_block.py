@@ -1,6 +1,8 @@
-"""MoE block forward+backward: bf16 compiled vs the same module compiled with backend="mxfp8".
+"""MoE block forward+backward: bf16 compiled vs the same module compiled with backend="mxfp8",
+once per recipe.
 
-    python benchmarks/bench_moe_block.py [--out benchmarks/results/moe_block_h200.json] [--shapes dsv3,fine64]
+    python benchmarks/bench_moe_block.py [--out benchmarks/results/moe_block_h200.json]
+        [--shapes dsv3,fine64] [--recipes mxfp8,fp8_rowwise]
 
 Block = w1 and w3 grouped GEMMs, silu-mul, w2 grouped GEMM (examples/moe_model.GroupedExperts),
 32768 routed tokens in uneven groups, measured side by side in one run on one GPU.
@@ -32,17 +34,19 @@ def sqnr(ref: torch.Tensor, x: torch.Tensor) -> float:
     return (20 * torch.log10(ref.norm() / (ref - x).norm())).item()
 
 
-def measure(shape: str, recipe: str, options: dict) -> dict:
+def measure(shape: str, recipes: list[str]) -> list[dict]:
+    """bf16 compiled and each recipe compiled, timed side by side on the same inputs."""
     E, D, F = SHAPES[shape]
     torch.manual_seed(0)
     block = GroupedExperts(E, D, F).cuda().bfloat16()
     x = torch.randn(TOKENS, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     counts = uneven_counts(E, TOKENS)
     grad = torch.randn(TOKENS, D, device="cuda", dtype=torch.bfloat16)
-    mx_block = copy.deepcopy(block)
-    fns = {"bf16": (block, torch.compile(block)),
-           recipe: (mx_block, torch.compile(mx_block, backend="mxfp8", options=options))}
-    results = {}
+    fns = {"bf16": (block, torch.compile(block))}
+    for recipe in recipes:
+        mod = copy.deepcopy(block)
+        fns[recipe] = (mod, torch.compile(mod, backend="mxfp8", options={"recipe": recipe}))
+    results, ms = {}, {}
     for name, (mod, fn) in fns.items():
         def step():
             x.grad = None
@@ -53,27 +57,27 @@ def measure(shape: str, recipe: str, options: dict) -> dict:
             return out
         out = step()
         results[name] = [out.detach().clone(), x.grad.clone()] + [p.grad.clone() for p in mod.parameters()]
-        results[name + "_ms"] = do_bench(step, warmup=50, rep=300, return_mode="median")
-    ref, got = results["bf16"], results[recipe]
-    return {"shape": shape, "recipe": recipe, "bf16_ms": results["bf16_ms"], "ms": results[recipe + "_ms"],
-            "speedup": results["bf16_ms"] / results[recipe + "_ms"], "sqnr_out": sqnr(ref[0], got[0]),
-            "sqnr_grads_min": min(sqnr(r, g) for r, g in zip(ref[1:], got[1:]))}
+        ms[name] = do_bench(step, warmup=50, rep=300, return_mode="median")
+    ref = results["bf16"]
+    return [{"shape": shape, "recipe": r, "bf16_ms": ms["bf16"], "ms": ms[r], "speedup": ms["bf16"] / ms[r],
+             "sqnr_out": sqnr(ref[0], results[r][0]),
+             "sqnr_grads_min": min(sqnr(a, b) for a, b in zip(ref[1:], results[r][1:]))} for r in recipes]
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="benchmarks/results/moe_block_h200.json")
     p.add_argument("--shapes", default=",".join(SHAPES))
-    p.add_argument("--recipe", default="mxfp8")
+    p.add_argument("--recipes", default="mxfp8,fp8_rowwise")
     args = p.parse_args()
     rows = []
-    print(f"{'shape':<10} {'recipe':<8} {'bf16 ms':>8} {'ms':>8} {'bf16/recipe':>11} {'SQNR out':>8} {'grads min':>9}")
+    print(f"{'shape':<10} {'recipe':<12} {'bf16 ms':>8} {'ms':>8} {'bf16/recipe':>11} {'SQNR out':>8} {'grads min':>9}")
     for shape in args.shapes.split(","):
         torch._dynamo.reset()
-        row = measure(shape, args.recipe, {"recipe": args.recipe})
-        rows.append(row)
-        print(f"{shape:<10} {row['recipe']:<8} {row['bf16_ms']:8.3f} {row['ms']:8.3f} {row['speedup']:10.2f}x"
-              f" {row['sqnr_out']:8.1f} {row['sqnr_grads_min']:9.1f}", flush=True)
+        for row in measure(shape, args.recipes.split(",")):
+            rows.append(row)
+            print(f"{shape:<10} {row['recipe']:<12} {row['bf16_ms']:8.3f} {row['ms']:8.3f} {row['speedup']:10.2f}x"
+                  f" {row['sqnr_out']:8.1f} {row['sqnr_grads_min']:9.1f}", flush=True)
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "date": datetime.date.today().isoformat(), "rows": rows}
     with open(args.out, "w") as f:

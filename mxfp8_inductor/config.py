@@ -12,7 +12,7 @@ from typing import Any
 from .kernels import reference
 from .lowering import ops
 
-RECIPES = ("mxfp8",)
+RECIPES = ops.RECIPES
 ROUNDINGS = reference.ROUNDINGS
 WGRADS = ops.WGRAD_MODES
 
@@ -48,14 +48,15 @@ class MXFP8Config:
     include: glob patterns over global module or parameter FQNs; empty means every site.
     exclude: patterns whose sites stay in bf16 (wins over include). A pattern naming a module
       also covers the modules under it.
-    recipe: "mxfp8". rounding: "rceil" (default) or "floor". wgrad: "mxfp8" or "bf16".
+    recipe: "mxfp8" or "fp8_rowwise". rounding: "rceil" (default) or "floor" (the scale exponent
+      rule of both recipes). wgrad: "quantized" (the recipe's weight gradient) or "bf16".
     """
 
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     recipe: str = "mxfp8"
     rounding: str = "rceil"
-    wgrad: str = "mxfp8"
+    wgrad: str = "quantized"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "include", _patterns(self.include, "include"))

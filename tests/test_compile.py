@@ -38,11 +38,12 @@ def _problem(seed=0, layers=1, **kw):
     return model, x, torch.randn_like(x)
 
 
-def test_moe_block_numerics_vs_bf16_compiled():
+@pytest.mark.parametrize("recipe", ["mxfp8", "fp8_rowwise"])
+def test_moe_block_numerics_vs_bf16_compiled(recipe):
     torch._dynamo.reset()
     model, x, grad = _problem(shared_expert=True)
     ref = _step(model, x, grad, torch.compile(model))
-    got = _step(model, x, grad, torch.compile(model, backend="mxfp8"))
+    got = _step(model, x, grad, torch.compile(model, backend="mxfp8", options={"recipe": recipe}))
     assert sqnr(ref[0], got[0]) >= 23
     assert sqnr(ref[1], got[1]) >= 21
     for name in ref[2]:

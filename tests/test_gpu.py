@@ -92,7 +92,8 @@ def test_h200_takes_the_triton_path():
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 @pytest.mark.parametrize("transposed", [True, False])
-def test_grouped_mm_sqnr_moe_shapes(shape, transposed):
+@pytest.mark.parametrize("recipe", ["mxfp8", "fp8_rowwise"])
+def test_grouped_mm_sqnr_moe_shapes(shape, transposed, recipe):
     E, D, F = SHAPES[shape]
     torch.manual_seed(2)
     offs = uneven_offs(E, TOKENS, seed=3)
@@ -109,19 +110,55 @@ def test_grouped_mm_sqnr_moe_shapes(shape, transposed):
         out.backward(grad)
         return out, a_.grad, w_.grad
 
-    out, da, dw = run(mx.grouped_mm)
+    out, da, dw = run(lambda a, b, offs: mx.grouped_mm(a, b, offs, recipe=recipe))
     out_r, da_r, dw_r = run(torch._grouped_mm)
     assert sqnr(out_r, out) >= 27
     assert sqnr(da_r, da) >= 25
     assert sqnr(dw_r, dw) >= 24
 
 
-def test_compile_fullgraph_on_gpu():
+@pytest.mark.parametrize("recipe", ["mxfp8", "fp8_rowwise"])
+def test_compile_fullgraph_on_gpu(recipe):
     E, D, F = SHAPES["qwen3_30b"]
     offs = uneven_offs(E, 4096)
     a = torch.randn(4096, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     w = torch.randn(E, F, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    out = torch.compile(mx.grouped_mm, fullgraph=True)(a, w.transpose(-2, -1), offs)
+    fn = lambda a, b, offs: mx.grouped_mm(a, b, offs, recipe=recipe)  # noqa: E731
+    out = torch.compile(fn, fullgraph=True)(a, w.transpose(-2, -1), offs)
     out.sum().backward()
-    want = mx.grouped_mm(a.detach(), w.detach().transpose(-2, -1), offs)
+    want = fn(a.detach(), w.detach().transpose(-2, -1), offs)
+    # the compiled rowwise quantizers are the same functions, fused: bit-identical operands
     assert_bitwise_equal(out.detach(), want)
+
+
+def test_rowwise_fp8_gemms_match_their_emulation(monkeypatch):
+    """torch's FP8 grouped GEMM (forward 2d-3d, input grad, weight grad 2d-2d on padded groups)
+    computes what the CPU emulation computes, up to fp32 accumulation order."""
+    E, D, F = SHAPES["fine64"]
+    torch.manual_seed(4)
+    offs = uneven_offs(E, TOKENS)
+    a = torch.randn(TOKENS, D, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(E, F, D, device="cuda", dtype=torch.bfloat16) * D**-0.5
+    grad = torch.randn(TOKENS, F, device="cuda", dtype=torch.bfloat16)
+
+    def run():
+        a_, w_ = a.clone().requires_grad_(), w.clone().requires_grad_()
+        out = mx.grouped_mm(a_, w_.transpose(-2, -1), offs, recipe="fp8_rowwise")
+        out.backward(grad)
+        return out, a_.grad, w_.grad
+
+    got = run()
+    monkeypatch.setattr(ops, "has_fp8_grouped_mm", lambda device: False)
+    want = run()
+    L = int(offs[-1])
+    assert sqnr(want[0][:L], got[0][:L]) >= 40
+    assert sqnr(want[1][:L], got[1][:L]) >= 40
+    assert sqnr(want[2], got[2]) >= 40
+
+
+def test_group_amax_bit_exact_on_gpu():
+    from mxfp8_inductor.kernels import rowwise, triton_rowwise
+
+    offs = uneven_offs(64, TOKENS)
+    x = _specials(torch.randn(TOKENS + 5, 2048, device="cuda", dtype=torch.bfloat16))
+    assert_bitwise_equal(triton_rowwise.group_amax(x, offs), rowwise.group_amax(x, offs))

@@ -48,10 +48,12 @@ def _bf16(a, b, offs):
 @pytest.mark.parametrize("E", sorted(GROUPS))
 @pytest.mark.parametrize("rounding", ["rceil", "floor"])
 @pytest.mark.parametrize("transposed", [True, False])
-def test_sqnr_vs_bf16(E, rounding, transposed):
+@pytest.mark.parametrize("recipe", ["mxfp8", "fp8_rowwise"])
+def test_sqnr_vs_bf16(E, rounding, transposed, recipe):
     a, w, b_of, offs, grad = _problem(E, transposed=transposed)
     L = int(offs[-1])
-    out, da, dw = _run(lambda a, b, o: mx.grouped_mm(a, b, o, rounding=rounding), a, w, b_of, offs, grad)
+    fn = lambda a, b, o: mx.grouped_mm(a, b, o, recipe=recipe, rounding=rounding)  # noqa: E731
+    out, da, dw = _run(fn, a, w, b_of, offs, grad)
     out_r, da_r, dw_r = _run(_bf16, a, w, b_of, offs, grad)
     assert sqnr(out_r[:L], out[:L]) >= 27
     assert sqnr(da_r[:L], da[:L]) >= 25
@@ -60,16 +62,18 @@ def test_sqnr_vs_bf16(E, rounding, transposed):
     assert torch.all(dw[empty] == 0)
 
 
-def test_wgrad_bf16_keeps_weight_gradient_exact():
+@pytest.mark.parametrize("recipe", ["mxfp8", "fp8_rowwise"])
+def test_wgrad_bf16_keeps_weight_gradient_exact(recipe):
     a, w, b_of, offs, grad = _problem(8)
-    _, _, dw = _run(lambda a, b, o: mx.grouped_mm(a, b, o, wgrad="bf16"), a, w, b_of, offs, grad)
+    _, _, dw = _run(lambda a, b, o: mx.grouped_mm(a, b, o, recipe=recipe, wgrad="bf16"), a, w, b_of, offs, grad)
     _, _, dw_r = _run(_bf16, a, w, b_of, offs, grad)
     assert torch.equal(dw, dw_r)
 
 
-def test_fp32_inputs():
+@pytest.mark.parametrize("recipe", ["mxfp8", "fp8_rowwise"])
+def test_fp32_inputs(recipe):
     a, w, b_of, offs, grad = _problem(4, dtype=torch.float32)
-    out, da, dw = _run(mx.grouped_mm, a, w, b_of, offs, grad)
+    out, da, dw = _run(lambda a, b, o: mx.grouped_mm(a, b, o, recipe=recipe), a, w, b_of, offs, grad)
     assert out.dtype == da.dtype == dw.dtype == torch.float32
     out_r, da_r, dw_r = _run(_bf16, a.bfloat16(), w.bfloat16(), b_of, offs, grad.bfloat16())
     L = int(offs[-1])
@@ -92,10 +96,12 @@ def test_opcheck():
     # no rows past offs[-1]: like torch._grouped_mm, the op leaves those output rows unspecified
     a, w, b_of, offs, grad = _problem(4, K=64, N=64, tail=0)
     b = b_of(w)
-    torch.library.opcheck(gm.grouped_mm_op, (a.requires_grad_(), b.requires_grad_(), offs, "rceil", "mxfp8"))
-    torch.library.opcheck(gm.grouped_mm_op, (a, b, offs, "floor", "bf16"))
-    torch.library.opcheck(gm.grouped_mm_dgrad_op, (grad, b.detach(), offs, "rceil"))
-    torch.library.opcheck(gm.grouped_mm_wgrad_op, (grad, a.detach(), offs, "rceil"))
+    for recipe in gm.RECIPES:
+        torch.library.opcheck(gm.grouped_mm_op, (a.requires_grad_(), b.requires_grad_(), offs, recipe, "rceil", "quantized"))
+        torch.library.opcheck(gm.grouped_mm_op, (a, b, offs, recipe, "floor", "bf16"))
+        torch.library.opcheck(gm.grouped_mm_dgrad_op, (grad, b.detach(), offs, recipe, "rceil"))
+        torch.library.opcheck(gm.grouped_mm_wgrad_op, (grad, a.detach(), offs, recipe, "rceil"))
+    torch.library.opcheck(gm.group_amax_op, (a.detach(), offs))
     torch.library.opcheck(gm.quantize_dequantize_op, (b.detach(), 1, "rceil"))
     torch.library.opcheck(gm.quantize_dequantize_groups_op, (a.detach(), offs, "floor"))
 
@@ -110,8 +116,8 @@ def test_inductor_sees_the_quantizers_and_computes_shared_ones_once():
     w3 = w.clone()
 
     def block(a, w, w3):
-        h = torch.nn.functional.silu(gm.grouped_mm_op(a, b_of(w), offs, "rceil", "mxfp8"))
-        return h * gm.grouped_mm_op(a, b_of(w3), offs, "rceil", "mxfp8")
+        h = torch.nn.functional.silu(gm.grouped_mm_op(a, b_of(w), offs, "mxfp8", "rceil", "quantized"))
+        return h * gm.grouped_mm_op(a, b_of(w3), offs, "mxfp8", "rceil", "quantized")
 
     from torch._functorch.compile_utils import fx_graph_cse
 
@@ -209,10 +215,12 @@ def _bad(**over):
         ({"offs": make_offs([100, 37, 119])}, "E=4"),
         ({"rounding": "nearest"}, "rounding"),
         ({"wgrad": "fp8"}, "wgrad"),
+        ({"recipe": "fp8"}, "recipe"),
+        ({"recipe": "fp8_rowwise", "b": torch.randn(4, 64, 40).bfloat16()}, "multiples of 16"),
     ],
 )
 def test_bad_input_raises_value_error(over, match):
-    kwargs = {k: over.pop(k) for k in ("rounding", "wgrad") if k in over}
+    kwargs = {k: over.pop(k) for k in ("recipe", "rounding", "wgrad") if k in over}
     args = _bad(**over)
     with pytest.raises(ValueError, match=match):
         mx.grouped_mm(args["a"], args["b"], args["offs"], **kwargs)

@@ -45,7 +45,7 @@ def scale_exponent(amax: torch.Tensor, rounding: str) -> torch.Tensor:
     return torch.where(torch.isfinite(amax), biased, torch.full_like(biased, 255))
 
 
-def _inv_scale(biased: torch.Tensor) -> torch.Tensor:
+def inv_scale(biased: torch.Tensor) -> torch.Tensor:
     """2^(127 - byte) as float32 (always a normal number: finite blocks have byte <= 247); 1 for NaN."""
     bits = torch.where(biased < 255, (254 - biased) << 23, 127 << 23)
     return bits.int().view(torch.float32)
@@ -56,11 +56,11 @@ def _quantize_blocks(x_fp32: torch.Tensor, rounding: str) -> tuple[torch.Tensor,
     amax = x_fp32.abs().amax(dim=-1)
     biased = scale_exponent(amax, rounding)
     # a non-finite block keeps x (NaN stays NaN, inf saturates): its NaN scale poisons it anyway
-    q = (x_fp32 * _inv_scale(biased).unsqueeze(-1)).clamp(-E4M3_MAX, E4M3_MAX)
+    q = (x_fp32 * inv_scale(biased).unsqueeze(-1)).clamp(-E4M3_MAX, E4M3_MAX)
     return q.to(torch.float8_e4m3fn), biased
 
 
-def _check_float(x: torch.Tensor) -> None:
+def check_float(x: torch.Tensor) -> None:
     if x.dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"MXFP8 quantization needs a bf16 or fp32 tensor, got {x.dtype}")
 
@@ -69,11 +69,15 @@ def _exponent_to_e8m0(biased: torch.Tensor) -> torch.Tensor:
     return biased.to(torch.uint8).view(torch.float8_e8m0fnu)
 
 
-def e8m0_to_float(scales: torch.Tensor) -> torch.Tensor:
-    """float32 value of e8m0 scales: byte 0 -> 2^-127, 255 -> NaN."""
-    biased = scales.view(torch.uint8).int()
+def exponent_to_float(biased: torch.Tensor) -> torch.Tensor:
+    """float32 2^(biased - 127) of int32 biased exponents: 0 -> 2^-127, 255 -> NaN."""
     bits = torch.where(biased > 0, biased << 23, 1 << 22)  # byte 0 is the subnormal 2^-127
     return torch.where(biased < 255, bits.view(torch.float32), float("nan"))
+
+
+def e8m0_to_float(scales: torch.Tensor) -> torch.Tensor:
+    """float32 value of e8m0 scales: byte 0 -> 2^-127, 255 -> NaN."""
+    return exponent_to_float(scales.view(torch.uint8).int())
 
 
 def quantize(
@@ -84,7 +88,7 @@ def quantize(
     Returns (data, scales): data is float8_e4m3fn with x's shape; scales is float8_e8m0fnu with x's
     shape except `dim`, which is divided by 32.
     """
-    _check_float(x)
+    check_float(x)
     check_rounding(rounding)
     dim = dim % x.dim()
     if x.shape[dim] % BLOCK:
@@ -154,7 +158,7 @@ def quantize_groups(
     (rows past offs[-1] are 0), scales float8_e8m0fnu [S, K] with S = M // 32 + G; group g's
     ceil(size_g / 32) scale rows start at sum_{j<g} ceil(size_j / 32); unused rows are byte 0.
     """
-    _check_float(x_MK)
+    check_float(x_MK)
     check_rounding(rounding)
     check_offs(offs)
     M, K = x_MK.shape

@@ -334,7 +334,7 @@ def _launch_quant(
 
 def quantize(x: torch.Tensor, dim: int = -1, rounding: str = "rceil") -> tuple[torch.Tensor, torch.Tensor]:
     """Triton twin of `reference.quantize` (1-D to 3-D inputs, any strides)."""
-    ref._check_float(x)
+    ref.check_float(x)
     dim = dim % x.dim()
     if x.shape[dim] % ref.BLOCK:
         raise ValueError(f"dim {dim} of shape {tuple(x.shape)} must be a multiple of {ref.BLOCK}")
@@ -351,7 +351,7 @@ def quantize_dequantize(
     x: torch.Tensor, dim: int = -1, rounding: str = "rceil", dtype: torch.dtype | None = None
 ) -> torch.Tensor:
     """Fused dequantize(quantize(x)) in one pass; the output keeps x's strides when x is dense."""
-    ref._check_float(x)
+    ref.check_float(x)
     dim = dim % x.dim()
     if x.shape[dim] % ref.BLOCK:
         raise ValueError(f"dim {dim} of shape {tuple(x.shape)} must be a multiple of {ref.BLOCK}")
@@ -380,7 +380,7 @@ def dequantize(
 
 
 def _check_groups(x_MK: torch.Tensor, offs: torch.Tensor) -> None:
-    ref._check_float(x_MK)
+    ref.check_float(x_MK)
     if x_MK.dim() != 2:
         raise ValueError(f"grouped quantization takes a 2-D [M, K] tensor, got {tuple(x_MK.shape)}")
     ref.check_offs(offs)
@@ -437,7 +437,7 @@ def quantize_weight_blocked(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize 3-D weights [E, N, K] along K (any strides) into contiguous data [E, N, K] and
     per-expert blocked scales (E, round_up(N,128) * round_up(K/32,4))."""
-    ref._check_float(w_ENK)
+    ref.check_float(w_ENK)
     E, N, K = w_ENK.shape
     if K % ref.BLOCK:
         raise ValueError(f"K={K} must be a multiple of {ref.BLOCK}")

@@ -1,15 +1,18 @@
-"""The differentiable MXFP8 grouped GEMM: torch.library custom ops, their autograd, device dispatch.
+"""The differentiable FP8 grouped GEMM: torch.library custom ops, their autograd, device dispatch.
 
-out[M, N] = grouped_mm(a[M, K], b[E, K, N], offs) with every GEMM in MXFP8 (DESIGN §3):
+out[M, N] = grouped_mm(a[M, K], b[E, K, N], offs) with every GEMM quantized by a recipe, each
+operand scaled along the GEMM's contraction:
   forward      a along K,        b along K
   input grad   dY along N,       b along N
-  weight grad  dY and a along M, per token group (blocks restart at every group)
-Three paths, chosen per call by `gemm_path`:
+  weight grad  dY and a along M, per token group
+recipe="mxfp8" (DESIGN §3, blocks of 32, e8m0 scales) has three paths, chosen by `gemm_path`:
   native     compute capability 10.x: float8 operands + blocked e8m0 scales into
              `torch._scaled_grouped_mm` (never on 9.x: that call corrupts the CUDA context there);
   triton     other CUDA GPUs: fused Triton quantize-dequantize (exact MXFP8 values, which bf16
              holds exactly) feeding the bf16 `torch._grouped_mm`;
   reference  CPU: the same emulation with the pure-torch reference.
+recipe="fp8_rowwise" (`kernels/rowwise.py`, one power-of-two scale per row) runs
+`torch._scaled_grouped_mm` on compute capability 9.x and 10.x and is emulated elsewhere.
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ import types
 
 import torch
 
-from ..kernels import reference
+from ..kernels import reference, rowwise
 
 LIB = "mxfp8"
-WGRAD_MODES = ("mxfp8", "bf16")
+RECIPES = ("mxfp8", "fp8_rowwise")
+WGRAD_MODES = ("quantized", "bf16")
 _OUT_DTYPE = torch.bfloat16
 
 
@@ -104,12 +108,62 @@ def _(x, offs, rounding):
 
 
 # --------------------------------------------------------------------------------------------
+# FP8 rowwise
+
+
+def has_fp8_grouped_mm(device: torch.device) -> bool:
+    """torch's rowwise FP8 grouped GEMM runs on compute capability 9.x and 10.x."""
+    return device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device)[0] in (9, 10)
+
+
+@torch.library.custom_op(f"{LIB}::group_amax", mutates_args=())
+def group_amax_op(x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """amax_GK: max |x| per token group and column (see `rowwise.group_amax`)."""
+    if x.device.type == "cuda":
+        from ..kernels import triton_rowwise
+
+        return triton_rowwise.group_amax(x, offs)
+    return rowwise.group_amax(x, offs)
+
+
+@group_amax_op.register_fake
+def _(x, offs):
+    return x.new_empty(offs.shape[0], x.shape[1], dtype=torch.float32)
+
+
+def _rowwise_gemm(a, b, scale_a, scale_b, offs) -> torch.Tensor:
+    if has_fp8_grouped_mm(a.device):
+        return torch._scaled_grouped_mm(a, b, scale_a, scale_b, offs=offs, out_dtype=_OUT_DTYPE)
+    return rowwise.scaled_grouped_mm(a, b, scale_a, scale_b, offs)
+
+
+def _forward_rowwise(a_MK, b_EKN, offs, rounding):
+    a_fp8_MK, a_scales_M = rowwise.quantize_rows(a_MK, -1, rounding)
+    w_fp8_ENK, w_scales_EN = rowwise.quantize_rows(b_EKN.transpose(-2, -1), -1, rounding)
+    return _rowwise_gemm(a_fp8_MK.contiguous(), w_fp8_ENK.contiguous().transpose(-2, -1), a_scales_M, w_scales_EN, offs)
+
+
+def _dgrad_rowwise(grad_MN, b_EKN, offs, rounding):
+    g_fp8_MN, g_scales_M = rowwise.quantize_rows(grad_MN, -1, rounding)
+    w_fp8_EKN, w_scales_EK = rowwise.quantize_rows(b_EKN, -1, rounding)
+    return _rowwise_gemm(g_fp8_MN.contiguous(), w_fp8_EKN.contiguous().transpose(-2, -1), g_scales_M, w_scales_EK, offs)
+
+
+def _wgrad_rowwise(grad_MN, a_MK, offs, rounding):
+    a_fp8_KMp, a_scales_GK, padded_offs = rowwise.quantize_groups(a_MK, offs, rounding, group_amax_op(a_MK, offs))
+    g_fp8_NMp, g_scales_GN, _ = rowwise.quantize_groups(grad_MN, offs, rounding, group_amax_op(grad_MN, offs))
+    return _rowwise_gemm(a_fp8_KMp, g_fp8_NMp.t(), a_scales_GK.reshape(-1), g_scales_GN.reshape(-1), padded_offs)
+
+
+# --------------------------------------------------------------------------------------------
 # The three GEMMs. Each is both the eager implementation of its custom op and, under
 # torch.compile, its decomposition: Inductor then sees the quantize-dequantize ops and the
 # grouped GEMM, so identical quantizations (the tokens feeding w1 and w3) are computed once.
 
 
-def _forward(a_MK, b_EKN, offs, rounding, wgrad=None, *, decomposing=False):
+def _forward(a_MK, b_EKN, offs, recipe, rounding, wgrad=None, *, decomposing=False):
+    if recipe == "fp8_rowwise":
+        return _forward_rowwise(a_MK, b_EKN, offs, rounding).to(a_MK.dtype)
     K, N = b_EKN.shape[-2:]
     if gemm_path(a_MK.device, K, N) == "native":
         if decomposing:  # keep the op: its native path is not decomposed
@@ -120,7 +174,9 @@ def _forward(a_MK, b_EKN, offs, rounding, wgrad=None, *, decomposing=False):
     return torch._grouped_mm(a_q, b_q, offs).to(a_MK.dtype)
 
 
-def _dgrad(grad_MN, b_EKN, offs, rounding, *, decomposing=False):
+def _dgrad(grad_MN, b_EKN, offs, recipe, rounding, *, decomposing=False):
+    if recipe == "fp8_rowwise":
+        return _dgrad_rowwise(grad_MN, b_EKN, offs, rounding).to(grad_MN.dtype)
     K, N = b_EKN.shape[-2:]
     if gemm_path(grad_MN.device, N, K) == "native":
         if decomposing:  # keep the op: its native path is not decomposed
@@ -131,7 +187,9 @@ def _dgrad(grad_MN, b_EKN, offs, rounding, *, decomposing=False):
     return torch._grouped_mm(g_q, b_q.transpose(-2, -1), offs).to(grad_MN.dtype)
 
 
-def _wgrad(grad_MN, a_MK, offs, rounding, *, decomposing=False):
+def _wgrad(grad_MN, a_MK, offs, recipe, rounding, *, decomposing=False):
+    if recipe == "fp8_rowwise":
+        return _wgrad_rowwise(grad_MN, a_MK, offs, rounding).to(grad_MN.dtype)
     K, N = a_MK.shape[1], grad_MN.shape[1]
     if gemm_path(a_MK.device, K, N) == "native":
         if decomposing:  # keep the op: its native path is not decomposed
@@ -150,32 +208,34 @@ def _wgrad(grad_MN, a_MK, offs, rounding, *, decomposing=False):
 
 
 @torch.library.custom_op(f"{LIB}::grouped_mm", mutates_args=())
-def grouped_mm_op(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, rounding: str, wgrad: str) -> torch.Tensor:
-    return _forward(a, b, offs, rounding)
+def grouped_mm_op(
+    a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, recipe: str, rounding: str, wgrad: str
+) -> torch.Tensor:
+    return _forward(a, b, offs, recipe, rounding)
 
 
 @grouped_mm_op.register_fake
-def _(a, b, offs, rounding, wgrad):
+def _(a, b, offs, recipe, rounding, wgrad):
     return a.new_empty(a.shape[0], b.shape[-1])
 
 
 @torch.library.custom_op(f"{LIB}::grouped_mm_dgrad", mutates_args=())
-def grouped_mm_dgrad_op(grad: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, rounding: str) -> torch.Tensor:
-    return _dgrad(grad, b, offs, rounding)
+def grouped_mm_dgrad_op(grad: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, recipe: str, rounding: str) -> torch.Tensor:
+    return _dgrad(grad, b, offs, recipe, rounding)
 
 
 @grouped_mm_dgrad_op.register_fake
-def _(grad, b, offs, rounding):
+def _(grad, b, offs, recipe, rounding):
     return grad.new_empty(grad.shape[0], b.shape[-2])
 
 
 @torch.library.custom_op(f"{LIB}::grouped_mm_wgrad", mutates_args=())
-def grouped_mm_wgrad_op(grad: torch.Tensor, a: torch.Tensor, offs: torch.Tensor, rounding: str) -> torch.Tensor:
-    return _wgrad(grad, a, offs, rounding)
+def grouped_mm_wgrad_op(grad: torch.Tensor, a: torch.Tensor, offs: torch.Tensor, recipe: str, rounding: str) -> torch.Tensor:
+    return _wgrad(grad, a, offs, recipe, rounding)
 
 
 @grouped_mm_wgrad_op.register_fake
-def _(grad, a, offs, rounding):
+def _(grad, a, offs, recipe, rounding):
     return grad.new_empty(offs.shape[0], a.shape[1], grad.shape[1])
 
 
@@ -191,9 +251,9 @@ _register_inductor_decompositions()
 
 
 def _setup_context(ctx, inputs, output):
-    a, b, offs, rounding, wgrad = inputs
+    a, b, offs, recipe, rounding, wgrad = inputs
     ctx.save_for_backward(a, b, offs)
-    ctx.rounding, ctx.wgrad = rounding, wgrad
+    ctx.recipe, ctx.rounding, ctx.wgrad = recipe, rounding, wgrad
 
 
 def _backward(ctx, grad):
@@ -201,13 +261,13 @@ def _backward(ctx, grad):
     grad = grad.contiguous()  # incoming gradients may be expanded (zero strides)
     da = db = None
     if ctx.needs_input_grad[0]:
-        da = grouped_mm_dgrad_op(grad, b, offs, ctx.rounding)
+        da = grouped_mm_dgrad_op(grad, b, offs, ctx.recipe, ctx.rounding)
     if ctx.needs_input_grad[1]:
         if ctx.wgrad == "bf16":
             db = torch._grouped_mm(a.to(_OUT_DTYPE).t(), grad.to(_OUT_DTYPE), offs).to(b.dtype)
         else:
-            db = grouped_mm_wgrad_op(grad, a, offs, ctx.rounding).to(b.dtype)
-    return da, db, None, None, None
+            db = grouped_mm_wgrad_op(grad, a, offs, ctx.recipe, ctx.rounding).to(b.dtype)
+    return da, db, None, None, None, None
 
 
 grouped_mm_op.register_autograd(_backward, setup_context=_setup_context)
@@ -217,8 +277,12 @@ grouped_mm_op.register_autograd(_backward, setup_context=_setup_context)
 # Public entry
 
 
-def check_grouped_mm_args(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, rounding: str, wgrad: str) -> None:
+def check_grouped_mm_args(
+    a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, recipe: str, rounding: str, wgrad: str
+) -> None:
     """Raise ValueError naming the requirement a grouped_mm call breaks (values too, in eager)."""
+    if recipe not in RECIPES:
+        raise ValueError(f"recipe must be one of {RECIPES}, got {recipe!r}")
     reference.check_rounding(rounding)
     if wgrad not in WGRAD_MODES:
         raise ValueError(f"wgrad must be one of {WGRAD_MODES}, got {wgrad!r}")
@@ -232,8 +296,10 @@ def check_grouped_mm_args(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, 
     E, K, N = b.shape
     if a.shape[1] != K:
         raise ValueError(f"contraction dims differ: a[M, {a.shape[1]}] vs b[E, {K}, N]")
-    if K % reference.BLOCK or N % reference.BLOCK:
-        raise ValueError(f"K={K} and N={N} must be multiples of {reference.BLOCK} for MXFP8 blocks")
+    multiple = reference.BLOCK if recipe == "mxfp8" else rowwise.ALIGN
+    if K % multiple or N % multiple:
+        why = "MXFP8 blocks" if recipe == "mxfp8" else "16-byte aligned FP8 rows"
+        raise ValueError(f"K={K} and N={N} must be multiples of {multiple} for {why}")
     if offs.dtype != torch.int32 or offs.dim() != 1:
         raise ValueError(f"offs must be a 1-D int32 tensor, got {offs.dtype} with shape {tuple(offs.shape)}")
     if offs.numel() != E:
@@ -254,15 +320,17 @@ def grouped_mm(
     b: torch.Tensor,
     offs: torch.Tensor,
     *,
+    recipe: str = "mxfp8",
     rounding: str = "rceil",
-    wgrad: str = "mxfp8",
+    wgrad: str = "quantized",
 ) -> torch.Tensor:
-    """MXFP8 drop-in for `torch._grouped_mm(a[M, K], b[E, K, N], offs)` -> [M, N] in a's dtype.
+    """FP8 drop-in for `torch._grouped_mm(a[M, K], b[E, K, N], offs)` -> [M, N] in a's dtype.
 
-    Forward, input-gradient and weight-gradient GEMMs run in MXFP8 (`wgrad="bf16"` keeps the
-    weight gradient in bf16). `b` may be a transposed view of [E, N, K] or a contiguous
-    [E, K, N]; token groups may have any size (0 and non-multiples of 32 included). As with
-    `torch._grouped_mm`, output rows past offs[-1] are unspecified.
+    Forward, input-gradient and weight-gradient GEMMs run in the recipe, "mxfp8" or
+    "fp8_rowwise" (`wgrad="bf16"` keeps the weight gradient in bf16). `b` may be a transposed
+    view of [E, N, K] or a contiguous [E, K, N]; token groups may have any size (0 and
+    non-multiples of 32 included). As with `torch._grouped_mm`, output rows past offs[-1] are
+    unspecified.
     """
-    check_grouped_mm_args(a, b, offs, rounding, wgrad)
-    return grouped_mm_op(a, b, offs, rounding, wgrad)
+    check_grouped_mm_args(a, b, offs, recipe, rounding, wgrad)
+    return grouped_mm_op(a, b, offs, recipe, rounding, wgrad)

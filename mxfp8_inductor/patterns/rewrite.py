@@ -41,7 +41,7 @@ def _replace(site: Site, config: MXFP8Config) -> str:
     gm, node = site.gm, site.node
     with gm.graph.inserting_before(node):
         new = gm.graph.call_function(
-            torch.ops.mxfp8.grouped_mm.default, (site.a, site.b, site.offs, config.rounding, config.wgrad)
+            torch.ops.mxfp8.grouped_mm.default, (site.a, site.b, site.offs, config.recipe, config.rounding, config.wgrad)
         )
     new.meta.update(node.meta)
     node.replace_all_uses_with(new)

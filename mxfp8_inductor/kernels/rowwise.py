@@ -1,0 +1,95 @@
+"""Pure-torch FP8 rowwise recipe: the numerics contract of `recipe="fp8_rowwise"`.
+
+float8_e4m3fn data with one float32 power-of-two scale per row of the contraction (per token row,
+per expert row, or per token group and column for the weight gradient). The exponent is the
+MXFP8 one with the whole row as the block (`reference.scale_exponent`): data = saturate(x *
+2^(127 - byte)), dequantization scale 2^(byte - 127); a row holding NaN or inf gets a NaN scale.
+
+Everything here is traceable without host syncs, so the same functions are the CPU reference and,
+decomposed under Inductor, the GPU quantizers (Inductor fuses them with their producers).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .reference import E4M3_MAX, check_float, exponent_to_float, inv_scale, scale_exponent
+
+# tokens per group in the weight-gradient operands: torch's FP8 grouped GEMM needs every group
+# along the contraction to span a multiple of 16 bytes
+ALIGN = 16
+
+
+def _cast(x_fp32: torch.Tensor, biased: torch.Tensor) -> torch.Tensor:
+    return (x_fp32 * inv_scale(biased)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def quantize_rows(x: torch.Tensor, dim: int, rounding: str = "rceil") -> tuple[torch.Tensor, torch.Tensor]:
+    """One scale per row along `dim`: (data float8 shaped like x, scales float32 without `dim`)."""
+    check_float(x)
+    xf = x.float()
+    biased = scale_exponent(xf.abs().amax(dim, keepdim=True), rounding)
+    return _cast(xf, biased), exponent_to_float(biased).squeeze(dim)
+
+
+def group_amax(x_MK: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """amax_GK: per token group and column, max |x| over the group's rows (NaN counts as inf)."""
+    M, K = x_MK.shape
+    G = offs.numel()
+    gid_M = torch.searchsorted(offs, torch.arange(M, device=x_MK.device, dtype=offs.dtype), right=True)
+    ax_MK = x_MK.float().abs()
+    ax_MK = torch.where(ax_MK.isnan(), float("inf"), ax_MK)
+    amax = torch.zeros(G + 1, K, device=x_MK.device)  # row G collects the rows past offs[-1]
+    return amax.scatter_reduce(0, gid_M.long()[:, None].expand(M, K), ax_MK, "amax")[:G]
+
+
+def padded_rows(M: int, G: int) -> int:
+    """Columns of a weight-gradient operand: a static bound on sum_g round_up(size_g, ALIGN)."""
+    return -(-M // ALIGN) * ALIGN + ALIGN * G
+
+
+def quantize_groups(
+    x_MK: torch.Tensor, offs: torch.Tensor, rounding: str = "rceil", amax_GK: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Weight-gradient operand: one scale per token group and column, along the tokens.
+
+    Returns (data_KMp, scales_GK, padded_offs): data float8 [K, padded_rows(M, G)], each group's
+    tokens transposed and zero-padded to a multiple of ALIGN; scales float32 [G, K]; padded_offs
+    the int32 group ends in data_KMp. `amax_GK` may come from a faster `group_amax`.
+    """
+    check_float(x_MK)
+    M, G = x_MK.shape[0], offs.numel()
+    if amax_GK is None:
+        amax_GK = group_amax(x_MK, offs)
+    biased_GK = scale_exponent(amax_GK, rounding)
+    sizes = torch.diff(offs, prepend=offs.new_zeros(1))
+    padded = (sizes + ALIGN - 1) // ALIGN * ALIGN
+    pends = torch.cumsum(padded, 0, dtype=torch.int32)
+    j = torch.arange(padded_rows(M, G), device=x_MK.device, dtype=torch.int32)
+    g = torch.searchsorted(pends, j, right=True).clamp(max=G - 1)
+    src = (offs - sizes)[g] + j - (pends - padded)[g]
+    valid = (src < offs[g])[:, None]  # columns past pends[g] map past the group's end
+    x_MpK = x_MK[src.clamp(0, M - 1)].float()
+    data_MpK = torch.where(valid, _cast(x_MpK, biased_GK[g]).float(), 0.0).to(torch.float8_e4m3fn)
+    return data_MpK.t().contiguous(), exponent_to_float(biased_GK), pends
+
+
+def scaled_grouped_mm(
+    a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, offs: torch.Tensor
+) -> torch.Tensor:
+    """`torch._scaled_grouped_mm` (rowwise, bf16 out) emulated: operands dequantized to bf16
+    (exact: float8 times a power of two) into the bf16 grouped GEMM, which accumulates in fp32.
+
+    2d-3d: a [M, K], b [E, K, N], scale_a [M], scale_b [E, N].
+    2d-2d: a [M, T], b [T, N] grouped along T by offs, scale_a [G * M], scale_b [G * N].
+    """
+    if b.dim() == 3:
+        a_bf = (a.float() * scale_a[:, None]).bfloat16()
+        b_bf = (b.float() * scale_b[:, None, :]).bfloat16()
+    else:
+        G, T = offs.numel(), a.shape[1]
+        g_T = torch.searchsorted(offs, torch.arange(T, device=a.device, dtype=offs.dtype), right=True)
+        g_T = g_T.clamp(max=G - 1)
+        a_bf = (a.float() * scale_a.view(G, -1)[g_T].t()).bfloat16()
+        b_bf = (b.float() * scale_b.view(G, -1)[g_T]).bfloat16()
+    return torch._grouped_mm(a_bf, b_bf, offs)

@@ -1,0 +1,106 @@
+"""The FP8 rowwise recipe's quantizers: hand-checked scales, layouts, the Triton amax twin, the emulated GEMM."""
+
+import pytest
+import torch
+from helpers import assert_bitwise_equal, make_offs, sqnr
+
+from mxfp8_inductor.kernels import rowwise, triton_rowwise
+
+F8 = torch.float8_e4m3fn
+
+
+def test_scales_are_powers_of_two_that_fit_the_row():
+    x = torch.tensor([[1.0, -3.0, 0.5], [448.0, 1.0, 0.0], [500.0, 1.0, 2.0], [0.0, 0.0, 0.0]])
+    data, scale = rowwise.quantize_rows(x, -1)
+    # amax 3 = 1.5 * 2^1 <= 1.75 * 2^1: data = x * 2^7; amax 500 = 1.95 * 2^8 > 1.75 * 2^8: x * 2^-1
+    # (250 rounds to the float8 256)
+    assert scale.tolist() == [2.0**-7, 1.0, 2.0, 2.0**-127]
+    assert data.float().tolist() == [[128.0, -384.0, 64.0], [448.0, 1.0, 0.0], [256.0, 0.5, 1.0], [0.0, 0.0, 0.0]]
+
+
+def test_floor_rounding_saturates_instead_of_shrinking_the_scale():
+    data, scale = rowwise.quantize_rows(torch.tensor([[500.0, 1.0]]), -1, "floor")
+    assert scale.tolist() == [1.0] and data.float().tolist() == [[448.0, 1.0]]
+
+
+def test_non_finite_rows_get_nan_scales_and_leave_other_rows_alone():
+    x = torch.tensor([[1.0, float("nan")], [float("inf"), 2.0], [1.0, 2.0]], dtype=torch.bfloat16)
+    data, scale = rowwise.quantize_rows(x, 1)
+    assert scale[:2].isnan().all() and scale[2] == 2.0**-7
+    assert data[2].float().tolist() == [128.0, 256.0]
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2])
+def test_rows_along_any_dim_match_the_last_dim_case(dim):
+    x = torch.randn(3, 40, 48, dtype=torch.bfloat16)
+    data, scale = rowwise.quantize_rows(x, dim)
+    data_t, scale_t = rowwise.quantize_rows(x.movedim(dim, -1).contiguous(), -1)
+    assert_bitwise_equal(data.movedim(dim, -1).contiguous(), data_t)
+    assert_bitwise_equal(scale, scale_t)
+
+
+def _groups_case(sizes, K=48, tail=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    offs = make_offs(sizes)
+    x = (torch.randn(int(offs[-1]) + tail, K, generator=g) * torch.rand(K, generator=g) * 8).bfloat16()
+    return x, offs
+
+
+@pytest.mark.parametrize("sizes", [[77], [100, 0, 37, 19], [0, 16, 1, 0, 33, 15]])
+def test_group_quantization_layout(sizes):
+    """Each group's tokens, quantized along the tokens on their own, sit transposed at its padded
+    start; padding is zero and ends are multiples of 16."""
+    x, offs = _groups_case(sizes)
+    data_KMp, scales_GK, pends = rowwise.quantize_groups(x, offs)
+    assert data_KMp.shape == (48, rowwise.padded_rows(x.shape[0], len(sizes)))
+    assert torch.all(pends % rowwise.ALIGN == 0)
+    expected = torch.zeros_like(data_KMp.view(torch.uint8))
+    start = pstart = 0
+    for g, size in enumerate(sizes):
+        if size:
+            d, s = rowwise.quantize_rows(x[start : start + size], 0)
+            expected[:, pstart : pstart + size] = d.t().view(torch.uint8)
+            assert_bitwise_equal(scales_GK[g], s)
+        start += size
+        pstart = int(pends[g])
+    assert_bitwise_equal(data_KMp, expected.view(F8))
+
+
+def test_group_amax_ignores_rows_past_the_end_and_counts_nan_as_inf():
+    x, offs = _groups_case([5, 0, 7], K=4, tail=2)
+    x[-1] = 1e4  # past offs[-1]
+    x[6, 1] = float("nan")
+    amax = rowwise.group_amax(x, offs)
+    assert amax[1].tolist() == [0.0] * 4
+    assert amax[2, 1] == float("inf")
+    assert torch.equal(amax[0], x[:5].float().abs().amax(0))
+
+
+@pytest.mark.parametrize("sizes", [[300], [100, 0, 37, 119, 1], [0] * 3 + [64]])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_triton_group_amax_is_bit_exact(sizes, dtype):
+    x, offs = _groups_case(sizes, K=200, tail=9, seed=len(sizes))
+    x = x.to(dtype)
+    x[3, 7] = float("nan")
+    x[-1] = float("inf")  # past offs[-1]
+    assert_bitwise_equal(triton_rowwise.group_amax(x, offs), rowwise.group_amax(x, offs))
+
+
+def test_emulated_scaled_grouped_mm_is_the_dequantized_product():
+    g = torch.Generator().manual_seed(1)
+    offs = make_offs([32, 0, 48])
+    a, w = torch.randn(90, 64, generator=g), torch.randn(3, 32, 64, generator=g)
+    a8, sa = rowwise.quantize_rows(a, -1)
+    w8, sw = rowwise.quantize_rows(w, -1)
+    out = rowwise.scaled_grouped_mm(a8, w8.transpose(-2, -1), sa, sw, offs)
+    a_d, w_d = a8.double() * sa[:, None].double(), w8.double() * sw[..., None].double()
+    for e, (s, t) in enumerate([(0, 32), (32, 32), (32, 80)]):
+        assert sqnr(a_d[s:t] @ w_d[e].t(), out[s:t]) > 45 if t > s else True
+    # 2d-2d: dW = a^T dY per group, scales per group and row of each operand
+    dy = torch.randn(90, 32, generator=g)
+    a8t, sa_g, pends = rowwise.quantize_groups(a, offs)
+    d8t, sd_g, _ = rowwise.quantize_groups(dy, offs)
+    dw = rowwise.scaled_grouped_mm(a8t, d8t.t(), sa_g.reshape(-1), sd_g.reshape(-1), pends)
+    exact = [a[s:t].double().t() @ dy[s:t].double() for s, t in [(0, 32), (32, 32), (32, 80)]]
+    assert sqnr(exact[0], dw[0]) > 25 and sqnr(exact[2], dw[2]) > 25
+    assert torch.all(dw[1] == 0)
