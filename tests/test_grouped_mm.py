@@ -101,7 +101,7 @@ def test_opcheck():
         torch.library.opcheck(gm.grouped_mm_op, (a, b, offs, recipe, "floor", "bf16"))
         torch.library.opcheck(gm.grouped_mm_dgrad_op, (grad, b.detach(), offs, recipe, "rceil"))
         torch.library.opcheck(gm.grouped_mm_wgrad_op, (grad, a.detach(), offs, recipe, "rceil"))
-    torch.library.opcheck(gm.group_amax_op, (a.detach(), offs))
+    torch.library.opcheck(gm.quantize_groups_rowwise_op, (a.detach(), offs, "floor"))
     torch.library.opcheck(gm.quantize_dequantize_op, (b.detach(), 1, "rceil"))
     torch.library.opcheck(gm.quantize_dequantize_groups_op, (a.detach(), offs, "floor"))
 

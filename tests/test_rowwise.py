@@ -104,3 +104,14 @@ def test_emulated_scaled_grouped_mm_is_the_dequantized_product():
     exact = [a[s:t].double().t() @ dy[s:t].double() for s, t in [(0, 32), (32, 32), (32, 80)]]
     assert sqnr(exact[0], dw[0]) > 25 and sqnr(exact[2], dw[2]) > 25
     assert torch.all(dw[1] == 0)
+
+
+@pytest.mark.parametrize("sizes", [[300], [100, 0, 37, 119, 1], [0] * 3 + [64]])
+@pytest.mark.parametrize("rounding", ["rceil", "floor"])
+def test_triton_group_quantizer_is_bit_exact(sizes, rounding):
+    x, offs = _groups_case(sizes, K=80, tail=9, seed=len(sizes))
+    x[3, 7] = float("nan")
+    x[5, 1] = -2.0**-133  # a bf16 subnormal
+    got, want = triton_rowwise.quantize_groups(x, offs, rounding), rowwise.quantize_groups(x, offs, rounding)
+    for a, b in zip(got, want):
+        assert_bitwise_equal(a, b)

@@ -49,19 +49,17 @@ def padded_rows(M: int, G: int) -> int:
 
 
 def quantize_groups(
-    x_MK: torch.Tensor, offs: torch.Tensor, rounding: str = "rceil", amax_GK: torch.Tensor | None = None
+    x_MK: torch.Tensor, offs: torch.Tensor, rounding: str = "rceil"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Weight-gradient operand: one scale per token group and column, along the tokens.
 
     Returns (data_KMp, scales_GK, padded_offs): data float8 [K, padded_rows(M, G)], each group's
     tokens transposed and zero-padded to a multiple of ALIGN; scales float32 [G, K]; padded_offs
-    the int32 group ends in data_KMp. `amax_GK` may come from a faster `group_amax`.
+    the int32 group ends in data_KMp.
     """
     check_float(x_MK)
     M, G = x_MK.shape[0], offs.numel()
-    if amax_GK is None:
-        amax_GK = group_amax(x_MK, offs)
-    biased_GK = scale_exponent(amax_GK, rounding)
+    biased_GK = scale_exponent(group_amax(x_MK, offs), rounding)
     sizes = torch.diff(offs, prepend=offs.new_zeros(1))
     padded = (sizes + ALIGN - 1) // ALIGN * ALIGN
     pends = torch.cumsum(padded, 0, dtype=torch.int32)

@@ -1,5 +1,6 @@
-"""Triton twin of `rowwise.group_amax`: the one FP8-rowwise step Inductor cannot fuse well (a
-segmented max over variable-size token groups; torch's scatter_reduce does it with atomics)."""
+"""Triton twins of the FP8-rowwise weight-gradient quantizer, the one rowwise step Inductor does
+badly: a segmented max over variable-size token groups (torch's scatter_reduce uses atomics) and a
+gathered, transposed, group-padded write."""
 
 from __future__ import annotations
 
@@ -7,24 +8,32 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_mx import _bits, _load_f32
+from . import reference as ref
+from . import rowwise
+from .triton_mx import _bits, _e4m3_encode, _group_of, _group_start, _load_f32
 
 
 @triton.jit
-def _group_amax_kernel(x_ptr, sx_m, offs_ptr, out_ptr, K, IN_BF16: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
-    """Program (g, q): columns q*BK.. of group g, looping over the group's rows BM at a time."""
+def _group_amax_kernel(
+    x_ptr, sx_m, offs_ptr, out_ptr, K, IN_BF16: tl.constexpr, SLICES: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr
+):
+    """Program (g, q, s): columns q*BK.. over slice s of group g's rows, BM rows at a time; slices
+    meet in an atomic max on the float bits (ordered like the floats: all are >= 0)."""
     g = tl.program_id(0)
     k = tl.program_id(1) * BK + tl.arange(0, BK)
-    r0 = tl.load(offs_ptr + g - 1, mask=g > 0, other=0)
+    start = tl.load(offs_ptr + g - 1, mask=g > 0, other=0)
     end = tl.load(offs_ptr + g)
+    chunk = (end - start + SLICES * BM - 1) // (SLICES * BM) * BM
+    r0 = start + tl.program_id(2) * chunk
+    stop = tl.minimum(r0 + chunk, end)
     acc = tl.zeros([BK], dtype=tl.float32)
-    while r0 < end:  # not range(): the interpreter cannot take loaded bounds
+    while r0 < stop:  # not range(): the interpreter cannot take loaded bounds
         r = r0 + tl.arange(0, BM)
-        m = (r < end)[:, None] & (k < K)[None, :]
+        m = (r < stop)[:, None] & (k < K)[None, :]
         ax = tl.abs(_load_f32(x_ptr + r.to(tl.int64)[:, None] * sx_m + k[None, :], m, IN_BF16))
         acc = tl.maximum(acc, tl.max(tl.where(ax != ax, float("inf"), ax), axis=0))
         r0 += BM
-    tl.store(out_ptr + g * K + k, acc, mask=k < K)
+    tl.atomic_max(out_ptr + g * K + k, acc.to(tl.int32, bitcast=True), mask=k < K)
 
 
 def group_amax(x_MK: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
@@ -32,9 +41,62 @@ def group_amax(x_MK: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     K, G = x_MK.shape[1], offs.numel()
     if x_MK.stride(1) != 1:
         x_MK = x_MK.contiguous()
-    out = torch.empty(G, K, device=x_MK.device, dtype=torch.float32)
+    out = torch.zeros(G, K, device=x_MK.device, dtype=torch.int32)
     BK = 128
-    _group_amax_kernel[(G, triton.cdiv(K, BK))](
-        _bits(x_MK), x_MK.stride(0), offs, out, K, IN_BF16=x_MK.dtype == torch.bfloat16, BM=32, BK=BK, num_warps=4
+    # enough programs to keep every SM streaming, whatever the number of groups
+    slices = max(1, min(64, 1024 // (G * triton.cdiv(K, BK))))
+    _group_amax_kernel[(G, triton.cdiv(K, BK), slices)](
+        _bits(x_MK), x_MK.stride(0), offs, out, K,
+        IN_BF16=x_MK.dtype == torch.bfloat16, SLICES=slices, BM=64, BK=BK, num_warps=8,
     )
-    return out
+    return out.view(torch.float32)
+
+
+@triton.jit
+def _cast_groups_t_kernel(
+    x_ptr, sx_m, offs_ptr, pends_ptr, inv_ptr, y_ptr, K, Mp,
+    G: tl.constexpr, GP: tl.constexpr, IN_BF16: tl.constexpr, HW_CVT: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+):
+    """Program (p, q): padded token columns p*BM.. and features q*BK.. of y[K, Mp]: gather the
+    source rows, scale by their group's power of two, cast, store transposed."""
+    j = tl.program_id(0) * BM + tl.arange(0, BM)
+    k = tl.program_id(1) * BK + tl.arange(0, BK)
+    g = _group_of(pends_ptr, G, GP, j)
+    gc = tl.minimum(g, G - 1)
+    src = _group_start(offs_ptr, gc) + j - _group_start(pends_ptr, gc)
+    valid = (g < G) & (src < tl.load(offs_ptr + gc))
+    k_ok = k < K
+    m = valid[:, None] & k_ok[None, :]
+    x = _load_f32(x_ptr + src.to(tl.int64)[:, None] * sx_m + k[None, :], m, IN_BF16)
+    inv = tl.load(inv_ptr + gc[:, None] * K + k[None, :], mask=k_ok[None, :], other=1.0)
+    q = x * inv
+    q = tl.where(q != q, q, tl.minimum(tl.maximum(q, -448.0), 448.0))
+    if HW_CVT:
+        q8 = q.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    else:
+        q8 = _e4m3_encode(q, (x.to(tl.int32, bitcast=True) >> 31) & 1)
+    q8 = tl.where(m, q8, 0)
+    tl.store(y_ptr + k.to(tl.int64)[:, None] * Mp + j[None, :], tl.trans(q8), mask=k_ok[:, None] & (j < Mp)[None, :])
+
+
+def quantize_groups(
+    x_MK: torch.Tensor, offs: torch.Tensor, rounding: str = "rceil"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Triton twin of `rowwise.quantize_groups`: two reads of x, one write of the fp8 data."""
+    ref.check_float(x_MK)
+    M, K = x_MK.shape
+    G = offs.numel()
+    if x_MK.stride(1) != 1:
+        x_MK = x_MK.contiguous()
+    biased_GK = ref.scale_exponent(group_amax(x_MK, offs), rounding)
+    sizes = torch.diff(offs, prepend=offs.new_zeros(1))
+    pends = torch.cumsum((sizes + rowwise.ALIGN - 1) // rowwise.ALIGN * rowwise.ALIGN, 0, dtype=torch.int32)
+    Mp = rowwise.padded_rows(M, G)
+    y = torch.empty(K, Mp, dtype=torch.uint8, device=x_MK.device)
+    BM, BK = 64, 64
+    _cast_groups_t_kernel[(triton.cdiv(Mp, BM), triton.cdiv(K, BK))](
+        _bits(x_MK), x_MK.stride(0), offs, pends, ref.inv_scale(biased_GK).contiguous(), y, K, Mp,
+        G=G, GP=triton.next_power_of_2(G), IN_BF16=x_MK.dtype == torch.bfloat16, HW_CVT=x_MK.is_cuda,
+        BM=BM, BK=BK, num_warps=4,
+    )
+    return y.view(torch.float8_e4m3fn), ref.exponent_to_float(biased_GK), pends

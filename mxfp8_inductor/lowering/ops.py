@@ -116,19 +116,24 @@ def has_fp8_grouped_mm(device: torch.device) -> bool:
     return device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device)[0] in (9, 10)
 
 
-@torch.library.custom_op(f"{LIB}::group_amax", mutates_args=())
-def group_amax_op(x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    """amax_GK: max |x| per token group and column (see `rowwise.group_amax`)."""
+@torch.library.custom_op(f"{LIB}::quantize_groups_rowwise", mutates_args=())
+def quantize_groups_rowwise_op(
+    x: torch.Tensor, offs: torch.Tensor, rounding: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Weight-gradient operand of the rowwise recipe (see `rowwise.quantize_groups`)."""
     if x.device.type == "cuda":
         from ..kernels import triton_rowwise
 
-        return triton_rowwise.group_amax(x, offs)
-    return rowwise.group_amax(x, offs)
+        return triton_rowwise.quantize_groups(x, offs, rounding)
+    return rowwise.quantize_groups(x, offs, rounding)
 
 
-@group_amax_op.register_fake
-def _(x, offs):
-    return x.new_empty(offs.shape[0], x.shape[1], dtype=torch.float32)
+@quantize_groups_rowwise_op.register_fake
+def _(x, offs, rounding):
+    M, K = x.shape
+    G = offs.shape[0]
+    data = x.new_empty(K, rowwise.padded_rows(M, G), dtype=torch.float8_e4m3fn)
+    return data, x.new_empty(G, K, dtype=torch.float32), offs.new_empty(G)
 
 
 def _rowwise_gemm(a, b, scale_a, scale_b, offs) -> torch.Tensor:
@@ -150,8 +155,8 @@ def _dgrad_rowwise(grad_MN, b_EKN, offs, rounding):
 
 
 def _wgrad_rowwise(grad_MN, a_MK, offs, rounding):
-    a_fp8_KMp, a_scales_GK, padded_offs = rowwise.quantize_groups(a_MK, offs, rounding, group_amax_op(a_MK, offs))
-    g_fp8_NMp, g_scales_GN, _ = rowwise.quantize_groups(grad_MN, offs, rounding, group_amax_op(grad_MN, offs))
+    a_fp8_KMp, a_scales_GK, padded_offs = quantize_groups_rowwise_op(a_MK, offs, rounding)
+    g_fp8_NMp, g_scales_GN, _ = quantize_groups_rowwise_op(grad_MN, offs, rounding)
     return _rowwise_gemm(a_fp8_KMp, g_fp8_NMp.t(), a_scales_GK.reshape(-1), g_scales_GN.reshape(-1), padded_offs)
 
 
@@ -263,10 +268,14 @@ def _backward(ctx, grad):
     if ctx.needs_input_grad[0]:
         da = grouped_mm_dgrad_op(grad, b, offs, ctx.recipe, ctx.rounding)
     if ctx.needs_input_grad[1]:
+        # the weight gradient is symmetric in its operands: compute it in the weight's own
+        # layout (b is usually a transposed view of [E, N, K]), which saves a transposing copy
+        x, y = (grad, a) if b.stride(-2) == 1 else (a, grad)
         if ctx.wgrad == "bf16":
-            db = torch._grouped_mm(a.to(_OUT_DTYPE).t(), grad.to(_OUT_DTYPE), offs).to(b.dtype)
+            db = torch._grouped_mm(x.to(_OUT_DTYPE).t(), y.to(_OUT_DTYPE), offs)
         else:
-            db = grouped_mm_wgrad_op(grad, a, offs, ctx.recipe, ctx.rounding).to(b.dtype)
+            db = grouped_mm_wgrad_op(y, x, offs, ctx.recipe, ctx.rounding)
+        db = (db.transpose(-2, -1) if b.stride(-2) == 1 else db).to(b.dtype)
     return da, db, None, None, None, None
 
 
