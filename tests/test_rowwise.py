@@ -115,3 +115,20 @@ def test_triton_group_quantizer_is_bit_exact(sizes, rounding):
     got, want = triton_rowwise.quantize_groups(x, offs, rounding), rowwise.quantize_groups(x, offs, rounding)
     for a, b in zip(got, want):
         assert_bitwise_equal(a, b)
+
+
+def test_rowwise_and_mxfp8_differ_only_where_a_row_spans_a_wide_range():
+    """Power-of-two scales shift exponents without changing mantissas, so the two recipes round
+    alike until one scale must cover values far below the row's max: rowwise pushes them into
+    float8 subnormals (or zero), MXFP8 gives each block of 32 its own scale."""
+    from mxfp8_inductor.kernels import reference
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 64, generator=g)
+    mx_x = reference.quantize_dequantize(x, -1, "rceil", torch.float32)
+    data, scale = rowwise.quantize_rows(x, -1)
+    assert torch.equal(data.float() * scale[:, None], mx_x)
+    x[:, 32:] *= 1e-6  # the second block of each row, 10^6 below the first
+    mx_x = reference.quantize_dequantize(x, -1, "rceil", torch.float32)
+    data, scale = rowwise.quantize_rows(x, -1)
+    assert sqnr(x[:, 32:], mx_x[:, 32:]) > 25 > 5 > sqnr(x[:, 32:], data[:, 32:].float() * scale[:, None])
