@@ -223,13 +223,15 @@ def test_bad_options_raise_clear_errors(options, match):
 
 
 def test_class_decorator_marks_every_instance_with_its_options():
-    @mx.mxfp8(exclude=["layers.1"], wgrad="bf16")
+    @mx.mxfp8(exclude=["layers.1"], wgrad="bf16", recipe="fp8_rowwise")
     class MarkedMoE(MoEModel):
         pass
 
     torch.manual_seed(0)
     model = MarkedMoE(layers=2).bfloat16()
     report = mx.explain(model, torch.randn(1, 8, 64, dtype=torch.bfloat16))
+    code = "".join(report.graphs)
+    assert code.count("'fp8_rowwise', 'rceil', 'bf16')") == 3 and "'mxfp8', 'rceil'" not in code
     by_layer = {(s.weight_fqn.split(".")[1], s.role): s.action for s in report.sites}
     assert by_layer[("0", "forward")] == "rewritten" and by_layer[("0", "weight-grad")] == "kept bf16"
     assert by_layer[("1", "forward")] == "excluded"

@@ -190,6 +190,13 @@ def test_gemm_path_by_capability(monkeypatch, capability, K, N, path):
     assert gm.gemm_path(torch.device("cpu"), K, N) == "reference"
 
 
+@pytest.mark.parametrize("capability, fp8", [((9, 0), True), ((8, 9), False), ((10, 0), False), ((10, 3), False)])
+def test_rowwise_fp8_gemm_only_where_verified(monkeypatch, capability, fp8):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert gm.has_fp8_grouped_mm(torch.device("cuda")) == fp8
+    assert not gm.has_fp8_grouped_mm(torch.device("cpu"))
+
+
 # --------------------------------------------------------------------------------------------
 # Bad input
 

@@ -12,7 +12,7 @@ recipe="mxfp8" (DESIGN §3, blocks of 32, e8m0 scales) has three paths, chosen b
              holds exactly) feeding the bf16 `torch._grouped_mm`;
   reference  CPU: the same emulation with the pure-torch reference.
 recipe="fp8_rowwise" (`kernels/rowwise.py`, one power-of-two scale per row) runs
-`torch._scaled_grouped_mm` on compute capability 9.x and 10.x and is emulated elsewhere.
+`torch._scaled_grouped_mm` on compute capability 9.x and is emulated elsewhere.
 """
 
 from __future__ import annotations
@@ -112,8 +112,10 @@ def _(x, offs, rounding):
 
 
 def has_fp8_grouped_mm(device: torch.device) -> bool:
-    """torch's rowwise FP8 grouped GEMM runs on compute capability 9.x and 10.x."""
-    return device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device)[0] in (9, 10)
+    """Whether torch's rowwise FP8 grouped GEMM is known to run here: compute capability 9.x.
+    Its CUTLASS kernel was built for sm_90 only until mid-2026 (pytorch/pytorch#188063) and traps
+    on sm_103 in some builds, so Blackwell takes the emulation (MXFP8 is its native recipe)."""
+    return device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device)[0] == 9
 
 
 @torch.library.custom_op(f"{LIB}::quantize_groups_rowwise", mutates_args=())
