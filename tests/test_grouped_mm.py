@@ -179,6 +179,48 @@ def test_meta_check_rejects_unblocked_weight_scales():
         torch._scaled_grouped_mm(*fake[:4], offs=fake[4], out_dtype=torch.bfloat16)
 
 
+@pytest.mark.parametrize("transposed", [True, False])
+def test_rowwise_operands_pass_torch_meta_checks(monkeypatch, transposed):
+    """The forward, input-grad and weight-grad operands of fp8_rowwise (layouts, fp32 scale
+    shapes, 16-aligned padded groups) are accepted by torch's FP8 grouped GEMM meta function."""
+    from mxfp8_inductor.kernels import rowwise
+
+    seen = []
+    emulate = rowwise.scaled_grouped_mm
+
+    def checked(a, b, scale_a, scale_b, offs):
+        with FakeTensorMode() as mode:
+            fake = [_fake_cuda(mode, t) for t in (a, b, scale_a, scale_b, offs)]
+            out = torch._scaled_grouped_mm(*fake[:4], offs=fake[4], out_dtype=torch.bfloat16)
+        seen.append(tuple(out.shape))
+        return emulate(a, b, scale_a, scale_b, offs)
+
+    monkeypatch.setattr(rowwise, "scaled_grouped_mm", checked)
+    a, w, b_of, offs, grad = _problem(8, K=128, N=96, transposed=transposed)
+    _run(lambda a, b, o: mx.grouped_mm(a, b, o, recipe="fp8_rowwise"), a, w, b_of, offs, grad)
+    M, E = a.shape[0], 8
+    assert sorted(seen) == sorted([(M, 96), (M, 128), (E, 96, 128) if transposed else (E, 128, 96)])
+
+
+def test_rowwise_forward_decomposes_to_fusible_ops_and_a_visible_fp8_gemm(monkeypatch):
+    """On Hopper, Inductor sees fp8_rowwise as plain aten quantization (fusible with producers)
+    and `aten._scaled_grouped_mm` (which max-autotune can tune), not an opaque op."""
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    monkeypatch.setattr(gm, "has_fp8_grouped_mm", lambda device: True)
+    with FakeTensorMode():
+        a = torch.empty(256, 128, dtype=torch.bfloat16, device="cuda")
+        w = torch.empty(4, 96, 128, dtype=torch.bfloat16, device="cuda")
+        offs = torch.empty(4, dtype=torch.int32, device="cuda")
+        graph = make_fx(lambda a, b, o: gm.grouped_mm_op(a, b, o, "fp8_rowwise", "rceil", "quantized"),
+                        decomposition_table=select_decomp_table())(a, w.transpose(-2, -1), offs).graph
+    targets = [str(n.target) for n in graph.nodes if n.op == "call_function"]
+    assert targets.count("aten._scaled_grouped_mm.default") == 1
+    assert targets.count("aten.amax.default") == 2  # one scale per token row, one per expert row
+    assert not any(t.startswith("mxfp8.") for t in targets)
+
+
 @pytest.mark.parametrize(
     "capability, K, N, path",
     [((9, 0), 256, 256, "triton"), ((8, 0), 256, 256, "triton"), ((12, 0), 256, 256, "triton"),
