@@ -142,14 +142,6 @@ def compile_blocks(model: ByteMoELM, recipe: str) -> None:
             model.blocks[i] = torch.compile(block, backend="mxfp8", options={"recipe": recipe})
 
 
-def _fully_shard():
-    try:
-        from torch.distributed.fsdp import fully_shard
-    except ImportError:  # torch < 2.6
-        from torch.distributed._composable.fsdp import fully_shard
-    return fully_shard
-
-
 # ------------------------------------------------------------------------------------ training
 
 def lr_at(step: int, steps: int, lr: float) -> float:
@@ -189,7 +181,8 @@ def train_recipe(args: argparse.Namespace, recipe: str, device: torch.device, da
     model = build_model(args, device)
     compile_blocks(model, recipe)
     if args.fsdp:
-        fully_shard = _fully_shard()
+        from torch.distributed.fsdp import fully_shard
+
         for block in model.blocks:
             fully_shard(block)
         fully_shard(model)

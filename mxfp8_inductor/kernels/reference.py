@@ -306,10 +306,10 @@ def quantize_weight_blocked(
     return data, to_blocked(scales)
 
 
-def padded_group_offs(offs: torch.Tensor) -> torch.Tensor:
-    """Group ends after padding every group to a multiple of 32 rows."""
+def padded_group_offs(offs: torch.Tensor, align: int = BLOCK) -> torch.Tensor:
+    """Group ends after padding every group to a multiple of `align` rows."""
     sizes = torch.diff(offs, prepend=offs.new_zeros(1))
-    return torch.cumsum((sizes + BLOCK - 1) // BLOCK * BLOCK, 0, dtype=torch.int32)
+    return torch.cumsum((sizes + align - 1) // align * align, 0, dtype=torch.int32)
 
 
 def quantize_groups_blocked(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .reference import E4M3_MAX, check_float, exponent_to_float, inv_scale, scale_exponent
+from .reference import E4M3_MAX, check_float, exponent_to_float, inv_scale, padded_group_offs, scale_exponent
 
 # tokens per group in the weight-gradient operands: torch's FP8 grouped GEMM needs every group
 # along the contraction to span a multiple of 16 bytes
@@ -32,11 +32,20 @@ def quantize_rows(x: torch.Tensor, dim: int, rounding: str = "rceil") -> tuple[t
     return _cast(xf, biased), exponent_to_float(biased).squeeze(dim)
 
 
+def _group_ids(ends: torch.Tensor, n: int) -> torch.Tensor:
+    """For positions 0..n-1, the group holding each (len(ends) past the last end)."""
+    return torch.searchsorted(ends, torch.arange(n, device=ends.device, dtype=ends.dtype), right=True)
+
+
+def _starts(ends: torch.Tensor) -> torch.Tensor:
+    return torch.cat([ends.new_zeros(1), ends[:-1]])
+
+
 def group_amax(x_MK: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """amax_GK: per token group and column, max |x| over the group's rows (NaN counts as inf)."""
     M, K = x_MK.shape
     G = offs.numel()
-    gid_M = torch.searchsorted(offs, torch.arange(M, device=x_MK.device, dtype=offs.dtype), right=True)
+    gid_M = _group_ids(offs, M)
     ax_MK = x_MK.float().abs()
     ax_MK = torch.where(ax_MK.isnan(), float("inf"), ax_MK)
     amax = torch.zeros(G + 1, K, device=x_MK.device)  # row G collects the rows past offs[-1]
@@ -60,12 +69,10 @@ def quantize_groups(
     check_float(x_MK)
     M, G = x_MK.shape[0], offs.numel()
     biased_GK = scale_exponent(group_amax(x_MK, offs), rounding)
-    sizes = torch.diff(offs, prepend=offs.new_zeros(1))
-    padded = (sizes + ALIGN - 1) // ALIGN * ALIGN
-    pends = torch.cumsum(padded, 0, dtype=torch.int32)
+    pends = padded_group_offs(offs, ALIGN)
     j = torch.arange(padded_rows(M, G), device=x_MK.device, dtype=torch.int32)
-    g = torch.searchsorted(pends, j, right=True).clamp(max=G - 1)
-    src = (offs - sizes)[g] + j - (pends - padded)[g]
+    g = _group_ids(pends, len(j)).clamp(max=G - 1)
+    src = _starts(offs)[g] + j - _starts(pends)[g]
     valid = (src < offs[g])[:, None]  # columns past pends[g] map past the group's end
     x_MpK = x_MK[src.clamp(0, M - 1)].float()
     data_MpK = torch.where(valid, _cast(x_MpK, biased_GK[g]).float(), 0.0).to(torch.float8_e4m3fn)
@@ -85,9 +92,8 @@ def scaled_grouped_mm(
         a_bf = (a.float() * scale_a[:, None]).bfloat16()
         b_bf = (b.float() * scale_b[:, None, :]).bfloat16()
     else:
-        G, T = offs.numel(), a.shape[1]
-        g_T = torch.searchsorted(offs, torch.arange(T, device=a.device, dtype=offs.dtype), right=True)
-        g_T = g_T.clamp(max=G - 1)
+        G = offs.numel()
+        g_T = _group_ids(offs, a.shape[1]).clamp(max=G - 1)
         a_bf = (a.float() * scale_a.view(G, -1)[g_T].t()).bfloat16()
         b_bf = (b.float() * scale_b.view(G, -1)[g_T]).bfloat16()
     return torch._grouped_mm(a_bf, b_bf, offs)

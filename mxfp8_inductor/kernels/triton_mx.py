@@ -90,6 +90,18 @@ def _e4m3_encode(q, sign):
 
 
 @triton.jit
+def _scaled_to_e4m3(x, inv, HW_CVT: tl.constexpr):
+    """float8_e4m3fn bytes (uint8) of saturate(x * inv); NaN stays NaN."""
+    q = x * inv
+    q = tl.where(q != q, q, tl.minimum(tl.maximum(q, -448.0), 448.0))
+    if HW_CVT:
+        q8 = q.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    else:
+        q8 = _e4m3_encode(q, (x.to(tl.int32, bitcast=True) >> 31) & 1)
+    return q8
+
+
+@triton.jit
 def _e4m3_decode(byte, HW_CVT: tl.constexpr):
     """float8_e4m3fn byte (uint8) -> float32 (in integer math where the hardware cast is missing)."""
     if HW_CVT:
@@ -201,12 +213,7 @@ def _mx_quant_kernel(
         biased = tl.minimum(tl.maximum(biased, 0), 254)
         biased = tl.where(amax == float("inf"), 255, biased)
         inv = tl.where(biased == 255, 127 << 23, (254 - biased) << 23).to(tl.float32, bitcast=True)
-        q = x * inv[:, None, :]
-        q = tl.where(q != q, q, tl.minimum(tl.maximum(q, -448.0), 448.0))
-        if HW_CVT:
-            q8 = q.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-        else:
-            q8 = _e4m3_encode(q, (x.to(tl.int32, bitcast=True) >> 31) & 1)
+        q8 = _scaled_to_e4m3(x, inv[:, None, :], HW_CVT)
 
         if PAD_Y:
             r = r + (tl.load(y_starts_ptr + g, mask=g < G_R, other=0) - row0)[:, None]

@@ -10,7 +10,7 @@ import triton.language as tl
 
 from . import reference as ref
 from . import rowwise
-from .triton_mx import _bits, _e4m3_encode, _group_of, _group_start, _load_f32
+from .triton_mx import _bits, _group_of, _group_start, _load_f32, _scaled_to_e4m3
 
 
 @triton.jit
@@ -69,13 +69,7 @@ def _cast_groups_t_kernel(
     m = valid[:, None] & k_ok[None, :]
     x = _load_f32(x_ptr + src.to(tl.int64)[:, None] * sx_m + k[None, :], m, IN_BF16)
     inv = tl.load(inv_ptr + gc[:, None] * K + k[None, :], mask=k_ok[None, :], other=1.0)
-    q = x * inv
-    q = tl.where(q != q, q, tl.minimum(tl.maximum(q, -448.0), 448.0))
-    if HW_CVT:
-        q8 = q.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-    else:
-        q8 = _e4m3_encode(q, (x.to(tl.int32, bitcast=True) >> 31) & 1)
-    q8 = tl.where(m, q8, 0)
+    q8 = tl.where(m, _scaled_to_e4m3(x, inv, HW_CVT), 0)
     tl.store(y_ptr + k.to(tl.int64)[:, None] * Mp + j[None, :], tl.trans(q8), mask=k_ok[:, None] & (j < Mp)[None, :])
 
 
@@ -89,8 +83,7 @@ def quantize_groups(
     if x_MK.stride(1) != 1:
         x_MK = x_MK.contiguous()
     biased_GK = ref.scale_exponent(group_amax(x_MK, offs), rounding)
-    sizes = torch.diff(offs, prepend=offs.new_zeros(1))
-    pends = torch.cumsum((sizes + rowwise.ALIGN - 1) // rowwise.ALIGN * rowwise.ALIGN, 0, dtype=torch.int32)
+    pends = ref.padded_group_offs(offs, rowwise.ALIGN)
     Mp = rowwise.padded_rows(M, G)
     y = torch.empty(K, Mp, dtype=torch.uint8, device=x_MK.device)
     BM, BK = 64, 64
