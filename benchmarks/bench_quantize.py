@@ -50,7 +50,8 @@ def sweep() -> None:
     copy_ms = do_bench(lambda: dst.copy_(x), return_mode="median")
     cases = {True: lambda: tri.quantize_dequantize(x, -1), False: lambda: tri.quantize_dequantize_groups(x, offs)}
     configs = {True: [(2, 32, 4), (4, 32, 4), (4, 64, 8), (8, 16, 4), (8, 32, 8), (16, 16, 8)],
-               False: [(1, 128, 4), (1, 256, 8), (1, 512, 8), (2, 128, 8), (2, 256, 8), (4, 64, 4)]}
+               False: [(1, 128, 4), (1, 256, 8), (2, 128, 8), (4, 64, 4), (1, 64, 1), (1, 128, 1),
+                       (1, 64, 2), (1, 128, 2), (1, 256, 2), (2, 64, 2), (2, 128, 4), (1, 256, 4)]}
     default = dict(tri.TILES)
     for contiguous, fn in cases.items():
         for cfg in configs[contiguous]:

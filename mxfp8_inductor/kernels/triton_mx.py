@@ -43,6 +43,48 @@ def _group_start(ends_ptr, g):
 
 
 @triton.jit
+def _groups(ends_ptr, G: tl.constexpr, GP: tl.constexpr, UNIT: tl.constexpr):
+    """Group table in registers from the G group ends (GP = next power of two lanes): each group's
+    start and end row and its end in units, a group spanning ceil(size / UNIT) units (32-row
+    blocks, or padded row chunks). Computed by every program: cheaper than host ops per call."""
+    i = tl.arange(0, GP)
+    end = tl.load(ends_ptr + i, mask=i < G, other=0)
+    start = tl.load(ends_ptr + i - 1, mask=(i > 0) & (i < G), other=0)
+    return start, end, tl.cumsum((end - start + UNIT - 1) // UNIT, 0)
+
+
+@triton.jit
+def _find(unit_end, G: tl.constexpr, x):
+    """The group holding unit x, for a 1-D block x (G past the last group)."""
+    i = tl.arange(0, unit_end.shape[0])
+    return tl.sum(((unit_end[None, :] <= x[:, None]) & (i < G)[None, :]).to(tl.int32), axis=1)
+
+
+@triton.jit
+def _pick(v, g):
+    """v[g] for a 1-D index block g (v's lanes hold one value per group)."""
+    i = tl.arange(0, v.shape[0])
+    return tl.sum(tl.where(i[None, :] == g[:, None], v[None, :], 0), axis=1)
+
+
+@triton.jit
+def _scale_exponent(amax, RCEIL: tl.constexpr):
+    """`reference.scale_exponent` of float32 maxima in which NaN already counts as inf."""
+    bits = amax.to(tl.int32, bitcast=True)
+    biased = ((bits >> 23) & 0xFF) - 8
+    if RCEIL:
+        biased += ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)
+    biased = tl.minimum(tl.maximum(biased, 0), 254)
+    return tl.where(amax == float("inf"), 255, biased)
+
+
+@triton.jit
+def _inv_scale(biased):
+    """`reference.inv_scale`: 2^(127 - byte) as float32, 1 for NaN blocks."""
+    return tl.where(biased == 255, 127 << 23, (254 - biased) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _load_f32(ptr, mask, IN_BF16: tl.constexpr):
     """Load bf16 (passed as int16 bits) or fp32 as fp32; bf16 widens by a shift, so subnormals
     survive on every backend (the interpreter flushes them in a bf16 -> fp32 cast)."""
@@ -167,12 +209,13 @@ def _mx_quant_kernel(
     y_ptr, sy_b, sy_r, sy_c,
     s_ptr, ss_b, ss_blk, ss_c,
     R, C, n_main,
-    r_ends_ptr, r_blk_ends_ptr, G_R: tl.constexpr, GP_R: tl.constexpr, y_starts_ptr,
+    r_ends_ptr, G_R: tl.constexpr, GP_R: tl.constexpr, y_starts_ptr,
     s_ends_ptr, s_starts_ptr, G_S: tl.constexpr, GP_S: tl.constexpr, Hp, Wp,
     RCEIL: tl.constexpr,
     DEQUANT: tl.constexpr,
     SCALE_MODE: tl.constexpr,
     PAD_Y: tl.constexpr,
+    GROUPED: tl.constexpr,
     IN_BF16: tl.constexpr,
     OUT_BF16: tl.constexpr,
     HW_CVT: tl.constexpr,
@@ -195,24 +238,26 @@ def _mx_quant_kernel(
         tl.store(y_ptr + b * sy_b + r[:, :, None] * sy_r + c[None, None, :] * sy_c, zero, mask=m)
     else:
         jb = pid * NB + tl.arange(0, NB)
-        g = _group_of(r_blk_ends_ptr, G_R, GP_R, jb)
-        first_blk = _group_start(r_blk_ends_ptr, g)
-        row0 = _group_start(r_ends_ptr, g)
-        g_end = tl.load(r_ends_ptr + g, mask=g < G_R, other=0)
-        r = (row0 + (jb - first_blk) * 32)[:, None] + rr[None, :]
+        if GROUPED:
+            starts, ends, blk_ends = _groups(r_ends_ptr, G_R, GP_R, 32)
+            g = _find(blk_ends, G_R, jb)
+            row0 = _pick(starts, g)
+            g_end = _pick(ends, g)
+            first_blk = _pick(blk_ends, g) - (g_end - row0 + 31) // 32
+            r = (row0 + (jb - first_blk) * 32)[:, None] + rr[None, :]
+        else:
+            # no group table: r is then provably 32-aligned, so loads along r vectorise
+            g = (jb * 32 >= R).to(tl.int32)  # the one group, or 1: past the end
+            g_end = jb * 0 + R
+            r = jb[:, None] * 32 + rr[None, :]
         m = (r < g_end[:, None])[:, :, None] & c_ok[None, None, :]
         x = _load_f32(x_ptr + b * sx_b + r[:, :, None] * sx_r + c[None, None, :] * sx_c, m, IN_BF16)
 
         # NaN counts as inf, so amax == inf marks every non-finite block
         ax = tl.abs(x)
         amax = tl.max(tl.where(ax != ax, float("inf"), ax), axis=1)
-        bits = amax.to(tl.int32, bitcast=True)
-        biased = ((bits >> 23) & 0xFF) - 8
-        if RCEIL:
-            biased += ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)
-        biased = tl.minimum(tl.maximum(biased, 0), 254)
-        biased = tl.where(amax == float("inf"), 255, biased)
-        inv = tl.where(biased == 255, 127 << 23, (254 - biased) << 23).to(tl.float32, bitcast=True)
+        biased = _scale_exponent(amax, RCEIL)
+        inv = _inv_scale(biased)
         q8 = _scaled_to_e4m3(x, inv[:, None, :], HW_CVT)
 
         if PAD_Y:
@@ -313,15 +358,12 @@ def _launch_quant(
             raise ValueError(f"block dim of size {R} is not a multiple of {ref.BLOCK}")
         r_ends = _one_group(R, dev)
     G_R = r_ends.numel()
-    r_blk_ends = _block_ends(r_ends) if grouped else _one_group(R // 32, dev)
-    # blocks along the contiguous dim: 4 blocks x 32 rows per program (256-byte row segments);
-    # blocks across rows: one block x 256 contiguous columns
     NB, BLOCK_C, warps = TILES[x3.stride(1) == 1]
     n_main = triton.cdiv(ref.group_scale_rows(R, G_R) if grouped else R // 32, NB)
     # extra programs zero the rows past the last group end (none when the data is pre-zeroed)
     n_tail = triton.cdiv(R, 32 * NB) if grouped and y_starts is None else 0
     if s_ends is None:
-        s_ends = r_blk_ends if scale_mode == BLOCKED_COL else _one_group(C, dev)
+        s_ends = _block_ends(r_ends) if scale_mode == BLOCKED_COL else _one_group(C, dev)
     if s_starts is None:
         s_starts = _one_group(0, dev)
     if scale_buf is None:
@@ -332,9 +374,9 @@ def _launch_quant(
     in_bf16, out_bf16 = x3.dtype == torch.bfloat16, y3.dtype == torch.bfloat16
     _mx_quant_kernel[grid](
         _bits(x3), *x3.stride(), _bits(y3), *y3.stride(), scale_buf, *strides, R, C, n_main,
-        r_ends, r_blk_ends, G_R, triton.next_power_of_2(G_R), y_starts if y_starts is not None else r_ends,
+        r_ends, G_R, triton.next_power_of_2(G_R), y_starts if y_starts is not None else r_ends,
         s_ends, s_starts, s_ends.numel(), triton.next_power_of_2(s_ends.numel()), Hp, Wp,
-        RCEIL=rounding == "rceil", DEQUANT=dequant, SCALE_MODE=scale_mode, PAD_Y=y_starts is not None,
+        RCEIL=rounding == "rceil", DEQUANT=dequant, SCALE_MODE=scale_mode, PAD_Y=y_starts is not None, GROUPED=grouped,
         IN_BF16=in_bf16, OUT_BF16=out_bf16, HW_CVT=x3.is_cuda, NB=NB, BLOCK_C=BLOCK_C, num_warps=warps,
     )
 

@@ -10,7 +10,9 @@ import triton.language as tl
 
 from . import reference as ref
 from . import rowwise
-from .triton_mx import _bits, _group_of, _group_start, _load_f32, _scaled_to_e4m3
+from .triton_mx import (
+    _bits, _e8m0_to_float, _find, _groups, _inv_scale, _load_f32, _pick, _scale_exponent, _scaled_to_e4m3,
+)
 
 
 @triton.jit
@@ -54,42 +56,56 @@ def group_amax(x_MK: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def _cast_groups_t_kernel(
-    x_ptr, sx_m, offs_ptr, pends_ptr, inv_ptr, y_ptr, K, Mp,
-    G: tl.constexpr, GP: tl.constexpr, IN_BF16: tl.constexpr, HW_CVT: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+    x_ptr, sx_m, offs_ptr, amax_ptr, y_ptr, scales_ptr, pends_ptr, K, Mp,
+    G: tl.constexpr, GP: tl.constexpr, ALIGN: tl.constexpr, RCEIL: tl.constexpr, IN_BF16: tl.constexpr,
+    HW_CVT: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
 ):
     """Program (p, q): padded token columns p*BM.. and features q*BK.. of y[K, Mp]: gather the
-    source rows, scale by their group's power of two, cast, store transposed."""
+    source rows, scale by their group's power of two, cast, store transposed. Programs (0, q)
+    also write the float scales of features q*BK.., program (0, 0) the padded group ends: the
+    whole operand comes from this kernel and the amax one, with no host ops between them."""
     j = tl.program_id(0) * BM + tl.arange(0, BM)
     k = tl.program_id(1) * BK + tl.arange(0, BK)
-    g = _group_of(pends_ptr, G, GP, j)
-    gc = tl.minimum(g, G - 1)
-    src = _group_start(offs_ptr, gc) + j - _group_start(pends_ptr, gc)
-    valid = (g < G) & (src < tl.load(offs_ptr + gc))
     k_ok = k < K
-    m = valid[:, None] & k_ok[None, :]
+    starts, ends, chunk_ends = _groups(offs_ptr, G, GP, ALIGN)
+    g = _find(chunk_ends, G, j // ALIGN)
+    start, end = _pick(starts, g), _pick(ends, g)
+    src = start + j - (_pick(chunk_ends, g) - (end - start + ALIGN - 1) // ALIGN) * ALIGN
+    m = ((g < G) & (src < end))[:, None] & k_ok[None, :]
     x = _load_f32(x_ptr + src.to(tl.int64)[:, None] * sx_m + k[None, :], m, IN_BF16)
-    inv = tl.load(inv_ptr + gc[:, None] * K + k[None, :], mask=k_ok[None, :], other=1.0)
+    gc = tl.minimum(g, G - 1)
+    inv = _inv_scale(_scale_exponent(tl.load(amax_ptr + gc[:, None] * K + k[None, :], mask=m, other=0.0), RCEIL))
     q8 = tl.where(m, _scaled_to_e4m3(x, inv, HW_CVT), 0)
     tl.store(y_ptr + k.to(tl.int64)[:, None] * Mp + j[None, :], tl.trans(q8), mask=k_ok[:, None] & (j < Mp)[None, :])
+    if tl.program_id(0) == 0:
+        i = tl.arange(0, GP)
+        ms = (i < G)[:, None] & k_ok[None, :]
+        amax = tl.load(amax_ptr + i[:, None] * K + k[None, :], mask=ms, other=0.0)
+        tl.store(scales_ptr + i[:, None] * K + k[None, :], _e8m0_to_float(_scale_exponent(amax, RCEIL)), mask=ms)
+        if tl.program_id(1) == 0:
+            tl.store(pends_ptr + i, chunk_ends * ALIGN, mask=i < G)
 
 
 def quantize_groups(
     x_MK: torch.Tensor, offs: torch.Tensor, rounding: str = "rceil"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Triton twin of `rowwise.quantize_groups`: two reads of x, one write of the fp8 data."""
+    """Triton twin of `rowwise.quantize_groups`: two reads of x, one write of the fp8 data, two
+    kernels and no other device work (host time per call matters at small MoE shapes)."""
     ref.check_float(x_MK)
+    ref.check_rounding(rounding)
     M, K = x_MK.shape
     G = offs.numel()
     if x_MK.stride(1) != 1:
         x_MK = x_MK.contiguous()
-    biased_GK = ref.scale_exponent(group_amax(x_MK, offs), rounding)
-    pends = ref.padded_group_offs(offs, rowwise.ALIGN)
+    amax_GK = group_amax(x_MK, offs)
     Mp = rowwise.padded_rows(M, G)
-    y = torch.empty(K, Mp, dtype=torch.uint8, device=x_MK.device)
+    data_KMp = torch.empty(K, Mp, dtype=torch.uint8, device=x_MK.device)
+    scales_GK = torch.empty(G, K, dtype=torch.float32, device=x_MK.device)
+    pends = torch.empty(G, dtype=torch.int32, device=x_MK.device)
     BM, BK = 64, 64
     _cast_groups_t_kernel[(triton.cdiv(Mp, BM), triton.cdiv(K, BK))](
-        _bits(x_MK), x_MK.stride(0), offs, pends, ref.inv_scale(biased_GK).contiguous(), y, K, Mp,
-        G=G, GP=triton.next_power_of_2(G), IN_BF16=x_MK.dtype == torch.bfloat16, HW_CVT=x_MK.is_cuda,
-        BM=BM, BK=BK, num_warps=4,
+        _bits(x_MK), x_MK.stride(0), offs, amax_GK, data_KMp, scales_GK, pends, K, Mp,
+        G=G, GP=triton.next_power_of_2(G), ALIGN=rowwise.ALIGN, RCEIL=rounding == "rceil",
+        IN_BF16=x_MK.dtype == torch.bfloat16, HW_CVT=x_MK.is_cuda, BM=BM, BK=BK, num_warps=4,
     )
-    return y.view(torch.float8_e4m3fn), ref.exponent_to_float(biased_GK), pends
+    return data_KMp.view(torch.float8_e4m3fn), scales_GK, pends

@@ -1,0 +1,199 @@
+"""Triton twin of `torch._scaled_grouped_mm` for the FP8 rowwise recipe (bf16 out), as emulated by
+`rowwise.scaled_grouped_mm`, in the two layouts the recipe uses:
+
+  2d-3d (forward, input grad): a [M, K] x b [E, K, N] -> out [M, N], token groups along M;
+  2d-2d (weight grad):         a [Mo, T] x b [T, N] -> out [G, Mo, N], token groups along T.
+
+Both operands are K-major (the contraction dim contiguous: b is a transposed view), the layout
+Hopper's FP8 wgmma takes, so each program loads byte tiles A [BM, BK] and B [BN, BK] and
+accumulates A @ B^T in fp32. The rowwise scales are powers of two, so applying them to the fp32
+accumulator in the epilogue equals the emulation's dequantize-then-multiply up to summation order.
+
+No host sync: `offs` is never read on the host. 2d-3d programs own one BM-row tile of one group
+each; their count is the static bound cdiv(M, BM) + E, and each finds its group and tile in a
+group table built in registers; programs past the last tile exit. 2d-2d programs own one output
+tile of one group and loop over the group's range of T.
+
+On GPU the bytes are bitcast to float8 and fed to `tl.dot` as is; the interpreter has no float8
+arithmetic, so there they are decoded to fp32 in integer math and multiplied in IEEE fp32 (exact:
+every product of two float8 values fits in fp32).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .triton_mx import _e4m3_decode, _find, _group_start, _groups, _pick, _store_f32
+
+F8 = torch.float8_e4m3fn
+
+# GPU: Hopper FP8 tiles (BK = 128 bytes: one 128-byte swizzled row per operand row), tuned per
+# shape; BM = 64 wastes less of the partial tiles that many small groups leave.
+GPU_CONFIGS = [
+    triton.Config({"BM": 128, "BN": 128, "BK": 128}, num_warps=8, num_stages=3),
+    triton.Config({"BM": 128, "BN": 128, "BK": 128}, num_warps=8, num_stages=4),
+    triton.Config({"BM": 128, "BN": 256, "BK": 128}, num_warps=8, num_stages=3),
+    triton.Config({"BM": 64, "BN": 128, "BK": 128}, num_warps=4, num_stages=4),
+]
+# the interpreter: small tiles keep CPU tests fast
+INTERPRETER_CONFIG = {"BM": 32, "BN": 32, "BK": 32}
+
+
+@triton.jit
+def _mma(acc, a_ptrs, a_ok, b_ptrs, b_ok, HW_CVT: tl.constexpr):
+    """acc + A @ B^T for float8 byte tiles A [BM, BK] and B [BN, BK]."""
+    a = tl.load(a_ptrs, mask=a_ok, other=0)
+    b = tl.load(b_ptrs, mask=b_ok, other=0)
+    if HW_CVT:
+        a8 = a.to(tl.float8e4nv, bitcast=True)
+        b8 = b.to(tl.float8e4nv, bitcast=True)
+        acc = tl.dot(a8, tl.trans(b8), acc, out_dtype=tl.float32)
+    else:
+        acc = tl.dot(_e4m3_decode(a, False), tl.trans(_e4m3_decode(b, False)), acc, input_precision="ieee")
+    return acc
+
+
+@triton.jit
+def _gemm_2d3d_kernel(
+    a_ptr, s_am, b_ptr, s_be, s_bn, sa_ptr, sb_ptr, out_ptr, offs_ptr, M, N, K,
+    E: tl.constexpr, EP: tl.constexpr, HW_CVT: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+):
+    """Program (p, q): the p-th BM-row tile counted group after group (a group spans
+    cdiv(size, BM) tiles), columns q*BN.. of expert b[g]."""
+    pid = tl.program_id(0)
+    starts, ends, tile_ends = _groups(offs_ptr, E, EP, BM)
+    if pid >= tl.max(tile_ends, 0):
+        return
+    g = _find(tile_ends, E, pid + tl.zeros([1], dtype=tl.int32))  # a 1-lane block: the helpers take blocks
+    start, end = _pick(starts, g), _pick(ends, g)
+    first_tile = _pick(tile_ends, g) - (end - start + BM - 1) // BM
+    m = start + (pid - first_tile) * BM + tl.arange(0, BM)
+    m_ok = (m < end) & (m < M)  # m < M: malformed offs must not write past out
+    n = tl.program_id(1) * BN + tl.arange(0, BN)
+    n_ok = n < N
+    kk = tl.arange(0, BK)
+    a_rows = a_ptr + m.to(tl.int64)[:, None] * s_am
+    b_rows = b_ptr + g.to(tl.int64) * s_be + n.to(tl.int64)[:, None] * s_bn
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        k = k0 + kk
+        k_ok = (k < K)[None, :]
+        acc = _mma(acc, a_rows + k[None, :], m_ok[:, None] & k_ok, b_rows + k[None, :], n_ok[:, None] & k_ok, HW_CVT)
+    sa = tl.load(sa_ptr + m, mask=m_ok, other=0.0)
+    sb = tl.load(sb_ptr + g * N + n, mask=n_ok, other=0.0)
+    out = out_ptr + m.to(tl.int64)[:, None] * N + n[None, :]
+    _store_f32(out, acc * sa[:, None] * sb[None, :], m_ok[:, None] & n_ok[None, :], True, HW_CVT)
+
+
+@triton.jit
+def _gemm_2d2d_kernel(
+    a_ptr, s_am, b_ptr, s_bn, sa_ptr, sb_ptr, out_ptr, offs_ptr, Mo, N, T,
+    HW_CVT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+):
+    """Program (p, g): output tile p of [Mo, N] for group g, summed over the group's T range."""
+    g = tl.program_id(1)
+    n_tiles = tl.cdiv(N, BN)
+    m = (tl.program_id(0) // n_tiles) * BM + tl.arange(0, BM)
+    n = (tl.program_id(0) % n_tiles) * BN + tl.arange(0, BN)
+    m_ok, n_ok = m < Mo, n < N
+    # group sizes are multiples of 16 (the FP8 GEMM contract): tell the compiler, so the loads
+    # along T vectorise
+    start = tl.multiple_of(_group_start(offs_ptr, g), 16)
+    end = tl.minimum(tl.multiple_of(tl.load(offs_ptr + g), 16), T)
+    kk = tl.arange(0, BK)
+    a_rows = a_ptr + m.to(tl.int64)[:, None] * s_am
+    b_rows = b_ptr + n.to(tl.int64)[:, None] * s_bn
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    t = start
+    while t < end:  # not range(): the interpreter cannot take loaded bounds
+        k = t + kk
+        k_ok = (k < end)[None, :]
+        acc = _mma(acc, a_rows + k[None, :], m_ok[:, None] & k_ok, b_rows + k[None, :], n_ok[:, None] & k_ok, HW_CVT)
+        t += BK
+    sa = tl.load(sa_ptr + g * Mo + m, mask=m_ok, other=0.0)
+    sb = tl.load(sb_ptr + g * N + n, mask=n_ok, other=0.0)
+    # an empty group is 0 whatever its scales (0 * inf would be NaN), as torch skips it
+    y = tl.where(end > start, acc * sa[:, None] * sb[None, :], 0.0)
+    out = out_ptr + g.to(tl.int64) * Mo * N + m.to(tl.int64)[:, None] * N + n[None, :]
+    _store_f32(out, y, m_ok[:, None] & n_ok[None, :], True, HW_CVT)
+
+
+_gemm_2d3d_tuned = triton.autotune(GPU_CONFIGS, key=["N", "K"])(_gemm_2d3d_kernel)
+_gemm_2d2d_tuned = triton.autotune(GPU_CONFIGS, key=["Mo", "N"])(_gemm_2d2d_kernel)
+
+
+def _check(a, b, scale_a, scale_b, offs) -> None:
+    if a.dtype != F8 or b.dtype != F8:
+        raise ValueError(f"a and b must be float8_e4m3fn, got {a.dtype} and {b.dtype}")
+    if scale_a.dtype != torch.float32 or scale_b.dtype != torch.float32:
+        raise ValueError(f"scale_a and scale_b must be float32, got {scale_a.dtype} and {scale_b.dtype}")
+    if offs.dtype != torch.int32 or offs.dim() != 1:
+        raise ValueError(f"offs must be a 1-D int32 tensor of group ends, got {offs.dtype} {tuple(offs.shape)}")
+    if len({t.device for t in (a, b, scale_a, scale_b, offs)}) != 1:
+        raise ValueError("a, b, scale_a, scale_b and offs must be on one device")
+    if a.dim() != 2 or b.dim() not in (2, 3):
+        raise ValueError(f"a must be 2-D and b 2-D or 3-D, got {a.dim()}-D and {b.dim()}-D")
+    if a.shape[1] != b.shape[-2]:
+        raise ValueError(f"contraction dims differ: a {tuple(a.shape)}, b {tuple(b.shape)}")
+    if a.stride(1) != 1:
+        raise ValueError(f"a must be row-major (contraction dim contiguous), got strides {a.stride()}")
+    if b.stride(-2) != 1:
+        raise ValueError(
+            f"b must be a transposed view of a tensor contiguous along the contraction dim "
+            f"(b.stride(-2) == 1), got strides {b.stride()}"
+        )
+
+
+def scaled_grouped_mm(
+    a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, offs: torch.Tensor
+) -> torch.Tensor:
+    """`torch._scaled_grouped_mm(a, b, scale_a, scale_b, offs=offs, out_dtype=torch.bfloat16)` for
+    rowwise float8_e4m3fn operands (semantics: `rowwise.scaled_grouped_mm`).
+
+    2d-3d: a [M, K], b [E, K, N], scale_a [M], scale_b [E, N], offs [E] group ends along M;
+           returns [M, N] (rows past offs[-1] unwritten).
+    2d-2d: a [Mo, T], b [T, N], scale_a [G * Mo], scale_b [G * N], offs [G] group ends along T,
+           each group a multiple of 16; returns [G, Mo, N] (an empty group gives zeros).
+    """
+    _check(a, b, scale_a, scale_b, offs)
+    G = offs.numel()
+    if b.dim() == 3:
+        (M, K), (E, _, N) = a.shape, b.shape
+        if G != E:
+            raise ValueError(f"offs must hold one group end per expert: {G} for {E} experts")
+        if scale_a.shape != (M,) or scale_b.shape != (E, N):
+            raise ValueError(
+                f"2d-3d scales must be scale_a [M]={[M]} and scale_b [E, N]={[E, N]}, "
+                f"got {list(scale_a.shape)} and {list(scale_b.shape)}"
+            )
+        shape = (M, N)
+    else:
+        (Mo, T), N = a.shape, b.shape[1]
+        if scale_a.shape != (G * Mo,) or scale_b.shape != (G * N,):
+            raise ValueError(
+                f"2d-2d scales must be scale_a [G * Mo]={[G * Mo]} and scale_b [G * N]={[G * N]}, "
+                f"got {list(scale_a.shape)} and {list(scale_b.shape)}"
+            )
+        shape = (G, Mo, N)
+    out = torch.empty(shape, dtype=torch.bfloat16, device=a.device)
+    if out.numel() == 0:
+        return out
+    a8, b8, out16 = a.view(torch.uint8), b.view(torch.uint8), out.view(torch.int16)
+    sa, sb = scale_a.contiguous(), scale_b.contiguous()
+    hw = a.is_cuda
+    meta = {} if hw else INTERPRETER_CONFIG
+    if b.dim() == 3:
+        kernel = _gemm_2d3d_tuned if hw else _gemm_2d3d_kernel
+        grid = lambda c: (triton.cdiv(M, c["BM"]) + E, triton.cdiv(N, c["BN"]))  # noqa: E731
+        kernel[grid](
+            a8, a8.stride(0), b8, b8.stride(0), b8.stride(2), sa, sb, out16, offs, M, N, K,
+            E=E, EP=triton.next_power_of_2(E), HW_CVT=hw, **meta,
+        )
+    else:
+        kernel = _gemm_2d2d_tuned if hw else _gemm_2d2d_kernel
+        grid = lambda c: (triton.cdiv(Mo, c["BM"]) * triton.cdiv(N, c["BN"]), G)  # noqa: E731
+        kernel[grid](a8, a8.stride(0), b8, b8.stride(1), sa, sb, out16, offs, Mo, N, T, HW_CVT=hw, **meta)
+    return out
