@@ -1,22 +1,37 @@
-"""Top CUDA kernels of 5 compiled MoE-block training steps: `python benchmarks/profile_moe_block.py dsv3 fp8_rowwise`."""
-import sys, torch, copy
+"""Wall time vs GPU kernel time per compiled MoE-block training step, and the top CUDA kernels:
+
+    python benchmarks/profile_moe_block.py qwen3_30b:mxfp8 qwen3_30b:fp8_rowwise fine64:bf16
+
+Wall time well above kernel time means the step is bound by host work (Python, launches).
+"""
+import sys, time, torch
 sys.path.insert(0, "."); sys.path.insert(0, "examples"); sys.path.insert(0, "benchmarks")
 import mxfp8_inductor  # noqa
 from moe_model import GroupedExperts
 from shapes import SHAPES, TOKENS, uneven_counts
 from torch.profiler import profile, ProfilerActivity
-shape, recipe = sys.argv[1], sys.argv[2]
-E, D, F = SHAPES[shape]
-torch.manual_seed(0)
-block = GroupedExperts(E, D, F).cuda().bfloat16()
-x = torch.randn(TOKENS, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-counts = uneven_counts(E, TOKENS); grad = torch.randn(TOKENS, D, device="cuda", dtype=torch.bfloat16)
-fn = torch.compile(block, backend="mxfp8", options={"recipe": recipe}) if recipe != "bf16" else torch.compile(block)
-def step():
-    out = fn(x, counts); out.backward(grad)
-for _ in range(3): step()
-torch.cuda.synchronize()
-with profile(activities=[ProfilerActivity.CUDA]) as prof:
-    for _ in range(5): step()
+for arg in sys.argv[1:]:
+    shape, recipe = arg.split(":")
+    torch._dynamo.reset()
+    E, D, F = SHAPES[shape]
+    torch.manual_seed(0)
+    block = GroupedExperts(E, D, F).cuda().bfloat16()
+    x = torch.randn(TOKENS, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    counts = uneven_counts(E, TOKENS); grad = torch.randn(TOKENS, D, device="cuda", dtype=torch.bfloat16)
+    fn = torch.compile(block, backend="mxfp8", options={"recipe": recipe}) if recipe != "bf16" else torch.compile(block)
+    def step():
+        out = fn(x, counts); out.backward(grad)
+    for _ in range(3): step()
     torch.cuda.synchronize()
-print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=70))
+    t = time.perf_counter()
+    for _ in range(10): step()
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - t) / 10 * 1e3
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5): step()
+        torch.cuda.synchronize()
+    ka = prof.key_averages()
+    tot = sum(k.device_time_total for k in ka) / 5 / 1e3
+    print(f"==== {shape} {recipe}: wall {wall:.3f} ms/step, kernels {tot:.3f} ms/step", flush=True)
+    for k in sorted(ka, key=lambda k: -k.device_time_total)[:16]:
+        print(f"{k.device_time_total/5/1e3:8.3f} ms {k.count//5:3d}x {k.key[:110]}")

@@ -80,6 +80,7 @@ def test_fp32_inputs(recipe):
     assert sqnr(out_r[:L], out[:L]) >= 27 and sqnr(da_r[:L], da[:L]) >= 25 and sqnr(dw_r, dw) >= 24
 
 
+@pytest.mark.interpreter
 def test_triton_path_matches_reference_path(monkeypatch):
     """The GPU emulation path (Triton quantize-dequantize + bf16 grouped GEMM) equals the CPU path bit for bit."""
     a, w, b_of, offs, grad = _problem(4, K=64, N=64)
@@ -202,23 +203,26 @@ def test_rowwise_operands_pass_torch_meta_checks(monkeypatch, transposed):
     assert sorted(seen) == sorted([(M, 96), (M, 128), (E, 96, 128) if transposed else (E, 128, 96)])
 
 
-def test_rowwise_forward_decomposes_to_fusible_ops_and_a_visible_fp8_gemm(monkeypatch):
+@pytest.mark.parametrize("tokens_per_group, gemm", [(64, "mxfp8.fp8_grouped_mm.default"),
+                                                     (2048, "aten._scaled_grouped_mm.default")])
+def test_rowwise_forward_decomposes_to_fusible_ops_and_a_visible_fp8_gemm(monkeypatch, tokens_per_group, gemm):
     """On Hopper, Inductor sees fp8_rowwise as plain aten quantization (fusible with producers)
-    and `aten._scaled_grouped_mm` (which max-autotune can tune), not an opaque op."""
+    and one FP8 grouped GEMM: `aten._scaled_grouped_mm` (which max-autotune can tune) for large
+    token groups, our Triton one below TRITON_GEMM_MAX_TOKENS_PER_GROUP tokens per group."""
     from torch._inductor.decomposition import select_decomp_table
     from torch.fx.experimental.proxy_tensor import make_fx
 
     monkeypatch.setattr(gm, "has_fp8_grouped_mm", lambda device: True)
     with FakeTensorMode():
-        a = torch.empty(256, 128, dtype=torch.bfloat16, device="cuda")
+        a = torch.empty(4 * tokens_per_group, 128, dtype=torch.bfloat16, device="cuda")
         w = torch.empty(4, 96, 128, dtype=torch.bfloat16, device="cuda")
         offs = torch.empty(4, dtype=torch.int32, device="cuda")
         graph = make_fx(lambda a, b, o: gm.grouped_mm_op(a, b, o, "fp8_rowwise", "rceil", "quantized"),
                         decomposition_table=select_decomp_table())(a, w.transpose(-2, -1), offs).graph
     targets = [str(n.target) for n in graph.nodes if n.op == "call_function"]
-    assert targets.count("aten._scaled_grouped_mm.default") == 1
+    assert [t for t in targets if "grouped_mm" in t] == [gemm]
     assert targets.count("aten.amax.default") == 2  # one scale per token row, one per expert row
-    assert not any(t.startswith("mxfp8.") for t in targets)
+    assert not any(t.startswith("mxfp8.") and t != gemm for t in targets)
 
 
 @pytest.mark.parametrize(

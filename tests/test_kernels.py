@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from mxfp8_inductor.kernels import reference as ref
 from mxfp8_inductor.kernels import triton_mx as tri
 
+pytestmark = pytest.mark.interpreter
 SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
 ROUNDING = st.sampled_from(["rceil", "floor"])
 DTYPE = st.sampled_from([torch.bfloat16, torch.float32])

@@ -76,6 +76,7 @@ def test_group_amax_ignores_rows_past_the_end_and_counts_nan_as_inf():
     assert torch.equal(amax[0], x[:5].float().abs().amax(0))
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("sizes", [[300], [100, 0, 37, 119, 1], [0] * 3 + [64]])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_triton_group_amax_is_bit_exact(sizes, dtype):
@@ -106,6 +107,7 @@ def test_emulated_scaled_grouped_mm_is_the_dequantized_product():
     assert torch.all(dw[1] == 0)
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("sizes", [[300], [100, 0, 37, 119, 1], [0] * 3 + [64]])
 @pytest.mark.parametrize("rounding", ["rceil", "floor"])
 def test_triton_group_quantizer_is_bit_exact(sizes, rounding):

@@ -11,8 +11,9 @@ recipe="mxfp8" (DESIGN §3, blocks of 32, e8m0 scales) has three paths, chosen b
   triton     other CUDA GPUs: fused Triton quantize-dequantize (exact MXFP8 values, which bf16
              holds exactly) feeding the bf16 `torch._grouped_mm`;
   reference  CPU: the same emulation with the pure-torch reference.
-recipe="fp8_rowwise" (`kernels/rowwise.py`, one power-of-two scale per row) runs
-`torch._scaled_grouped_mm` on compute capability 9.x and is emulated elsewhere.
+recipe="fp8_rowwise" (`kernels/rowwise.py`, one power-of-two scale per row) runs on compute
+capability 9.x `torch._scaled_grouped_mm` for large token groups and our Triton FP8 grouped GEMM
+for small ones; it is emulated elsewhere.
 """
 
 from __future__ import annotations
@@ -140,10 +141,35 @@ def _(x, offs, rounding):
     return data, x.new_empty(G, K, dtype=torch.float32), offs.new_empty(G)
 
 
+# tokens per group below which our Triton FP8 grouped GEMM beats torch's (CUTLASS) one on the
+# H200: torch's tiles are sized for large groups (benchmarks/probe_fp8_grouped_gemm.py)
+TRITON_GEMM_MAX_TOKENS_PER_GROUP = 1024
+
+
 def _rowwise_gemm(a, b, scale_a, scale_b, offs) -> torch.Tensor:
-    if has_fp8_grouped_mm(a.device):
-        return torch._scaled_grouped_mm(a, b, scale_a, scale_b, offs=offs, out_dtype=_OUT_DTYPE)
-    return rowwise.scaled_grouped_mm(a, b, scale_a, scale_b, offs)
+    if not has_fp8_grouped_mm(a.device):
+        return rowwise.scaled_grouped_mm(a, b, scale_a, scale_b, offs)
+    tokens = a.shape[0] if b.dim() == 3 else a.shape[1]
+    if tokens < TRITON_GEMM_MAX_TOKENS_PER_GROUP * offs.numel():
+        return fp8_grouped_mm_op(a, b, scale_a, scale_b, offs)
+    return torch._scaled_grouped_mm(a, b, scale_a, scale_b, offs=offs, out_dtype=_OUT_DTYPE)
+
+
+@torch.library.custom_op(f"{LIB}::fp8_grouped_mm", mutates_args=())
+def fp8_grouped_mm_op(
+    a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, offs: torch.Tensor
+) -> torch.Tensor:
+    """Our Triton rowwise FP8 grouped GEMM (`kernels/triton_fp8_gemm.py`), bf16 out."""
+    from ..kernels import triton_fp8_gemm
+
+    return triton_fp8_gemm.scaled_grouped_mm(a, b, scale_a, scale_b, offs)
+
+
+@fp8_grouped_mm_op.register_fake
+def _(a, b, scale_a, scale_b, offs):
+    if b.dim() == 3:
+        return a.new_empty(a.shape[0], b.shape[-1], dtype=_OUT_DTYPE)
+    return a.new_empty(offs.shape[0], a.shape[0], b.shape[-1], dtype=_OUT_DTYPE)
 
 
 def _forward_rowwise(a_MK, b_EKN, offs, rounding):

@@ -1,0 +1,147 @@
+"""The Triton FP8 rowwise grouped GEMM against the emulation (interpreter on CPU, float8 tensor
+cores on a GPU) and against torch's FP8 grouped GEMM (GPU)."""
+
+import pytest
+import torch
+from helpers import make_offs, sqnr
+
+from mxfp8_inductor.kernels import rowwise, triton_fp8_gemm
+
+# Both sides sum exact float8 products in fp32 (Hopper: in a few bits less within each BK step)
+# and round once to bf16: they differ by at most one bf16 ulp (2^-7 relative) unless the sum cancels.
+BF16_ULP = 2.0**-7
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _assert_close_to_emulation(out: torch.Tensor, want: torch.Tensor) -> None:
+    torch.testing.assert_close(out.float(), want.float(), rtol=BF16_ULP, atol=1e-4 * want.float().abs().max().item())
+
+
+def _tokens(M: int, C: int, g: torch.Generator) -> torch.Tensor:
+    """bf16 rows and columns of varied magnitudes, so the rowwise scales differ."""
+    return (torch.randn(M, C, generator=g) * torch.rand(M, 1, generator=g) * 8 * torch.rand(C, generator=g)).bfloat16()
+
+
+def _forward_operands(sizes, K, N, tail=3, seed=0):
+    """As `lowering.ops._forward_rowwise`: a [M, K] and b [E, K, N], a transposed view of a
+    contiguous [E, N, K]."""
+    g = torch.Generator().manual_seed(seed)
+    offs = make_offs(sizes, DEVICE)
+    x = _tokens(int(offs[-1]) + tail, K, g).to(DEVICE)
+    w_ENK = (torch.randn(len(sizes), N, K, generator=g) * 0.1).bfloat16().to(DEVICE)
+    a, sa = rowwise.quantize_rows(x, -1)
+    w, sw = rowwise.quantize_rows(w_ENK, -1)
+    return a.contiguous(), w.contiguous().transpose(-2, -1), sa, sw, offs
+
+
+def _wgrad_operands(sizes, K, N, seed=0):
+    """As `lowering.ops._wgrad_rowwise`: a [K, Tp] and b [Tp, N] (a view of [N, Tp]), grouped along
+    the padded tokens Tp."""
+    g = torch.Generator().manual_seed(seed)
+    offs = make_offs(sizes, DEVICE)
+    M = int(offs[-1]) + 5
+    a, sa, pends = rowwise.quantize_groups(_tokens(M, K, g).to(DEVICE), offs)
+    d, sd, _ = rowwise.quantize_groups(_tokens(M, N, g).to(DEVICE), offs)
+    return a, d.t(), sa.reshape(-1), sd.reshape(-1), pends
+
+
+FORWARD_CASES = {
+    "uneven": ([40, 0, 17, 64], 80, 40),
+    "single": ([70], 48, 24),
+    "empty_first": ([0, 0, 45], 32, 64),
+    "smaller_than_a_tile": ([1, 5, 0, 2, 31], 16, 8),
+}
+
+
+@pytest.mark.parametrize("case", FORWARD_CASES)
+def test_2d3d_matches_emulation(case):
+    sizes, K, N = FORWARD_CASES[case]
+    args = _forward_operands(sizes, K, N)
+    end = sum(sizes)
+    out = triton_fp8_gemm.scaled_grouped_mm(*args)
+    assert out.shape == (args[0].shape[0], N) and out.dtype == torch.bfloat16
+    _assert_close_to_emulation(out[:end], rowwise.scaled_grouped_mm(*args)[:end])
+
+
+WGRAD_CASES = {
+    "uneven": ([37, 0, 50, 5], 40, 24),
+    "single": ([100], 32, 48),
+    "empty_around": ([0, 0, 64, 0], 24, 40),
+}
+
+
+@pytest.mark.parametrize("case", WGRAD_CASES)
+def test_2d2d_matches_emulation_and_empty_groups_are_zero(case):
+    sizes, K, N = WGRAD_CASES[case]
+    args = _wgrad_operands(sizes, K, N)
+    out = triton_fp8_gemm.scaled_grouped_mm(*args)
+    assert out.shape == (len(sizes), K, N) and out.dtype == torch.bfloat16
+    _assert_close_to_emulation(out, rowwise.scaled_grouped_mm(*args))
+    for g, size in enumerate(sizes):
+        assert (size == 0) == bool(torch.all(out[g] == 0)), g
+
+
+def test_only_the_sums_and_the_bf16_rounding_are_inexact():
+    """Against the fp64 product of the dequantized operands: within half a bf16 ulp of it, plus
+    the error bound of summing K terms in fp32 (K * 2^-24 times the sum of their magnitudes); on
+    Hopper, FP8 MMAs add within each BK step in fewer bits (2^-16.5 of the sum measured here)."""
+    K = 64
+    sum_err = 2.0**-13 if DEVICE == "cuda" else K * 2.0**-24
+    a, b, sa, sb, offs = _forward_operands([20, 30], K=K, N=16, tail=0, seed=3)
+    out = triton_fp8_gemm.scaled_grouped_mm(a, b, sa, sb, offs).double()
+    a_d = a.double() * sa.double()[:, None]
+    b_d = b.double() * sb.double()[:, None, :]
+    exact = torch.cat([a_d[:20] @ b_d[0], a_d[20:] @ b_d[1]])
+    magnitude = torch.cat([a_d[:20].abs() @ b_d[0].abs(), a_d[20:].abs() @ b_d[1].abs()])
+    excess = (out - exact).abs() - BF16_ULP / 2 * exact.abs()
+    assert torch.all(excess <= sum_err * magnitude), (excess / magnitude).max().item()
+
+
+def _bad(args, **changes):
+    a, b, sa, sb, offs = args
+    return {"a": a, "b": b, "scale_a": sa, "scale_b": sb, "offs": offs} | changes
+
+
+F_ARGS = _forward_operands([3, 5], K=16, N=8)
+W_ARGS = _wgrad_operands([3, 17], K=8, N=16)
+BAD_INPUTS = {
+    "a_not_fp8": (_bad(F_ARGS, a=F_ARGS[0].bfloat16()), "float8_e4m3fn"),
+    "scale_not_fp32": (_bad(F_ARGS, scale_a=F_ARGS[2].double()), "float32"),
+    "offs_not_int32": (_bad(F_ARGS, offs=F_ARGS[4].long()), "int32"),
+    "a_3d": (_bad(F_ARGS, a=F_ARGS[0].unsqueeze(0)), "2-D"),
+    "a_column_major": (_bad(F_ARGS, a=F_ARGS[0].t().contiguous().t()), "row-major"),
+    "b_contiguous": (_bad(F_ARGS, b=F_ARGS[1].contiguous()), r"stride\(-2\) == 1"),
+    "k_mismatch": (_bad(F_ARGS, b=F_ARGS[1][:, :8]), "contraction dims"),
+    "offs_per_expert": (_bad(F_ARGS, offs=F_ARGS[4][:1]), "one group end per expert"),
+    "scale_b_shape": (_bad(F_ARGS, scale_b=F_ARGS[3].reshape(-1)), r"scale_b \[E, N\]"),
+    "wgrad_b_row_major": (_bad(W_ARGS, b=W_ARGS[1].contiguous()), r"stride\(-2\) == 1"),
+    "wgrad_scale_a_shape": (_bad(W_ARGS, scale_a=W_ARGS[2][:-1]), r"scale_a \[G \* Mo\]"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_inputs_raise(case):
+    kwargs, match = BAD_INPUTS[case]
+    with pytest.raises(ValueError, match=match):
+        triton_fp8_gemm.scaled_grouped_mm(**kwargs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["2d3d", "2d2d"])
+def test_matches_torch_scaled_grouped_mm_on_gpu(layout):
+    g = torch.Generator().manual_seed(0)
+    sizes = [700, 0, 1, 513, 1200, 31, 900, 251]  # 3596 of 4096 tokens: the rest is past the end
+    M, K, N = 4096, 1024, 1024
+    offs = make_offs(sizes, "cuda")
+    x, y = _tokens(M, K, g).cuda(), _tokens(M, N, g).cuda()
+    if layout == "2d3d":
+        a, sa = rowwise.quantize_rows(x, -1)
+        w, sw = rowwise.quantize_rows((torch.randn(len(sizes), N, K, generator=g) * 0.1).bfloat16().cuda(), -1)
+        args, valid = (a, w.transpose(-2, -1), sa, sw, offs), slice(0, sum(sizes))
+    else:
+        a, sa, pends = rowwise.quantize_groups(x, offs)
+        d, sd, _ = rowwise.quantize_groups(y, offs)
+        args, valid = (a, d.t(), sa.reshape(-1), sd.reshape(-1), pends), [i for i, s in enumerate(sizes) if s]
+    want = torch._scaled_grouped_mm(*args[:4], offs=args[4], out_dtype=torch.bfloat16)
+    out = triton_fp8_gemm.scaled_grouped_mm(*args)
+    assert sqnr(want[valid], out[valid]) >= 40
