@@ -145,3 +145,14 @@ def test_matches_torch_scaled_grouped_mm_on_gpu(layout):
     want = torch._scaled_grouped_mm(*args[:4], offs=args[4], out_dtype=torch.bfloat16)
     out = triton_fp8_gemm.scaled_grouped_mm(*args)
     assert sqnr(want[valid], out[valid]) >= 40
+
+
+def test_opcheck_of_the_custom_op():
+    """`mxfp8::fp8_grouped_mm`, the op the rowwise decomposition emits for small token groups:
+    schema, fake shapes and dispatch agree with the kernel (no rows past offs[-1]: those are
+    unspecified). Not test_schema: its checker multiplies the inputs, which float8 does not on CPU."""
+    from mxfp8_inductor.lowering import ops
+
+    utils = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+    torch.library.opcheck(ops.fp8_grouped_mm_op, _forward_operands([40, 0, 17, 64], 64, 32, tail=0), test_utils=utils)
+    torch.library.opcheck(ops.fp8_grouped_mm_op, _wgrad_operands([37, 0, 50], 32, 48), test_utils=utils)
