@@ -29,15 +29,6 @@ TILES = {True: (8, 16, 4), False: (1, 128, 4)}  # best of benchmarks/bench_quant
 
 
 @triton.jit
-def _group_of(ends_ptr, G: tl.constexpr, GP: tl.constexpr, x):
-    """For a 1-D block of indices x: the group holding each (G past the end), from the G group
-    ends (GP = next power of two), all compared at once."""
-    i = tl.arange(0, GP)
-    ends = tl.load(ends_ptr + i, mask=i < G, other=2147483647)
-    return tl.sum((ends[None, :] <= x[:, None]).to(tl.int32), axis=1)
-
-
-@triton.jit
 def _group_start(ends_ptr, g):
     return tl.load(ends_ptr + g - 1, mask=g > 0, other=0)
 
@@ -58,6 +49,14 @@ def _find(unit_end, G: tl.constexpr, x):
     """The group holding unit x, for a 1-D block x (G past the last group)."""
     i = tl.arange(0, unit_end.shape[0])
     return tl.sum(((unit_end[None, :] <= x[:, None]) & (i < G)[None, :]).to(tl.int32), axis=1)
+
+
+@triton.jit
+def _group_of(ends_ptr, G: tl.constexpr, GP: tl.constexpr, x):
+    """For a 1-D block of indices x: the group holding each (G past the end), from the G group
+    ends in memory (GP = next power of two)."""
+    i = tl.arange(0, GP)
+    return _find(tl.load(ends_ptr + i, mask=i < G, other=0), G, x)
 
 
 @triton.jit
