@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_mx import _e4m3_decode, _find, _groups, _pick, _store_f32
+from .triton_mx import _e4m3_decode, _find, _group_start, _groups, _pick, _store_f32
 
 F8 = torch.float8_e4m3fn
 
@@ -123,7 +123,7 @@ def _gemm_2d2d_kernel(
     m_ok, n_ok = m < Mo, n < N
     # group sizes are multiples of 16 (the FP8 GEMM contract): tell the compiler, so the loads
     # along T vectorise
-    start = tl.multiple_of(tl.load(offs_ptr + g - 1, mask=g > 0, other=0), 16)
+    start = tl.multiple_of(_group_start(offs_ptr, g), 16)
     end = tl.minimum(tl.multiple_of(tl.load(offs_ptr + g), 16), T)  # malformed offs: no reads past T
     a_rows = a_ptr + m.to(tl.int64)[:, None] * s_am
     b_rows = b_ptr + n.to(tl.int64)[:, None] * s_bn
