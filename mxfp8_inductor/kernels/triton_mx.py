@@ -25,7 +25,7 @@ from . import reference as ref
 PLAIN, BLOCKED_COL, BLOCKED_ROW = 0, 1, 2
 _BLOCK_C = 64
 # (blocks per program, columns per program, warps), keyed by "blocks run along the contiguous dim"
-TILES = {True: (8, 16, 4), False: (1, 128, 4)}  # best of benchmarks/bench_quantize.py --sweep
+TILES = {True: (8, 16, 4), False: (2, 64, 2)}  # best of benchmarks/bench_quantize.py --sweep
 
 
 @triton.jit
