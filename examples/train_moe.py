@@ -130,6 +130,11 @@ def build_model(args: argparse.Namespace, device: torch.device | str = "cpu") ->
     """The bf16 model of `args`, initialised on the CPU from `args.seed` (same weights on any device)."""
     torch.manual_seed(args.seed)
     model = ByteMoELM(args.layers, args.dim, args.heads, args.hidden, args.experts, args.top_k, args.seq, args.ac)
+    if args.init_noise:  # the run-to-run spread of a recipe: same data, weights nudged
+        g = torch.Generator().manual_seed(args.seed + 1)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(1 + args.init_noise * torch.randn(p.shape, generator=g))
     return model.to(device=device, dtype=torch.bfloat16)
 
 
@@ -265,7 +270,8 @@ def evaluate(model: nn.Module, val_N: torch.Tensor, args: argparse.Namespace, de
 
 def config_of(args: argparse.Namespace, world: int) -> dict[str, Any]:
     keys = ("layers", "dim", "heads", "experts", "top_k", "hidden", "seq", "batch", "lr", "seed", "ac")
-    return {**{k: getattr(args, k) for k in keys}, "world_size": world}
+    noise = {"init_noise": args.init_noise} if args.init_noise else {}
+    return {**{k: getattr(args, k) for k in keys}, **noise, "world_size": world}
 
 
 def _device_name(device: torch.device) -> str:
@@ -312,6 +318,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=16, help="global batch (sequences per step)")
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--init-noise", type=float, default=0.0, metavar="EPS",
+                   help="scale every initial weight by 1 + EPS * N(0, 1): a second run of a recipe, to "
+                        "measure how far runs spread")
     p.add_argument("--stop-after", type=int, default=0,
                    help="stop after N steps of the --steps schedule (to compare first steps with a full run)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

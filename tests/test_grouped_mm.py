@@ -208,12 +208,13 @@ def test_rowwise_operands_pass_torch_meta_checks(monkeypatch, transposed):
 def test_rowwise_forward_decomposes_to_fusible_ops_and_a_visible_fp8_gemm(monkeypatch, tokens_per_group, gemm):
     """On Hopper, Inductor sees fp8_rowwise as plain aten quantization (fusible with producers)
     and one FP8 grouped GEMM: `aten._scaled_grouped_mm` (which max-autotune can tune) for large
-    token groups, our Triton one below TRITON_GEMM_MAX_TOKENS_PER_GROUP tokens per group."""
+    token groups, our Triton one below TRITON_GEMM_MAX_TOKENS_PER_GROUP tokens per group (forward
+    and input gradient only)."""
     from torch._inductor.decomposition import select_decomp_table
     from torch.fx.experimental.proxy_tensor import make_fx
 
     monkeypatch.setattr(gm, "has_fp8_grouped_mm", lambda device: True)
-    with FakeTensorMode():
+    with FakeTensorMode() as mode:
         a = torch.empty(4 * tokens_per_group, 128, dtype=torch.bfloat16, device="cuda")
         w = torch.empty(4, 96, 128, dtype=torch.bfloat16, device="cuda")
         offs = torch.empty(4, dtype=torch.int32, device="cuda")
@@ -223,6 +224,13 @@ def test_rowwise_forward_decomposes_to_fusible_ops_and_a_visible_fp8_gemm(monkey
     assert [t for t in targets if "grouped_mm" in t] == [gemm]
     assert targets.count("aten.amax.default") == 2  # one scale per token row, one per expert row
     assert not any(t.startswith("mxfp8.") and t != gemm for t in targets)
+    # the weight gradient (2d-2d) takes torch's kernel at any group size
+    with mode:
+        grad = torch.empty(4 * tokens_per_group, 96, dtype=torch.bfloat16, device="cuda")
+        wgrad = make_fx(lambda g, a, o: gm.grouped_mm_wgrad_op(g, a, o, "fp8_rowwise", "rceil"),
+                        decomposition_table=select_decomp_table())(grad, a, offs).graph
+    wgrad_gemms = [str(n.target) for n in wgrad.nodes if n.op == "call_function" and "grouped_mm" in str(n.target)]
+    assert wgrad_gemms == ["aten._scaled_grouped_mm.default"]
 
 
 @pytest.mark.parametrize(

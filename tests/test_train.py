@@ -86,6 +86,20 @@ def test_batches_depend_on_seed_and_step_only():
     assert torch.equal(a[0][:, 1:], a[1][:, :-1])
 
 
+def test_init_noise_nudges_every_weight_and_is_recorded():
+    def weights(*extra):
+        args = train_moe.parse_args(TINY + list(extra))
+        return [p.float() for p in train_moe.build_model(args).parameters()], train_moe.config_of(args, 1)
+
+    base, config = weights()
+    same, _ = weights("--init-noise", "0")
+    nudged, noisy_config = weights("--init-noise", "1e-2")
+    assert all(torch.equal(a, b) for a, b in zip(base, same))
+    rel = [((a - b).norm() / b.norm()).item() for a, b in zip(nudged, base) if b.norm() > 0]
+    assert all(2e-3 < r < 5e-2 for r in rel), rel
+    assert "init_noise" not in config and noisy_config["init_noise"] == 1e-2
+
+
 def test_fsdp2_two_gloo_ranks_follow_single_process(single, tmp_path):
     """torchrun, two CPU ranks (gloo), FSDP2 per block and root, each block compiled with the pass
     and activation-checkpointed; the first 12 steps of the same schedule and global batch follow

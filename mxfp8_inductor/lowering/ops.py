@@ -88,26 +88,38 @@ def _like(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return y if out.stride() == y.stride() else out.copy_(y)
 
 
-@torch.library.custom_op(f"{LIB}::quantize_dequantize", mutates_args=())
-def quantize_dequantize_op(x: torch.Tensor, dim: int, rounding: str) -> torch.Tensor:
+def _define(name: str, schema: str, impl, fake) -> torch._ops.OpOverload:
+    """An op without autograd that compiled graphs call once per GEMM operand per step.
+
+    Defined with torch.library.define/impl rather than torch.library.custom_op: custom_op wraps
+    every call in a Python autograd layer, 21 against 7 us of dispatch per call on a desktop CPU
+    and more on the H200's host, where a small MoE block calls 16 such ops per step.
+    """
+    qualname = f"{LIB}::{name}"
+    torch.library.define(qualname, schema)
+    torch.library.impl(qualname, "default", impl)
+    torch.library.register_fake(qualname, fake)
+    return getattr(getattr(torch.ops, LIB), name).default
+
+
+def _quantize_dequantize(x, dim, rounding):
     """x rounded to MXFP8 values (blocks of 32 along `dim`), as bf16."""
     return _like(x, _kernels(x.device).quantize_dequantize(x, dim, rounding, _OUT_DTYPE))
 
 
-@quantize_dequantize_op.register_fake
-def _(x, dim, rounding):
-    return torch.empty_like(x, dtype=_OUT_DTYPE)
-
-
-@torch.library.custom_op(f"{LIB}::quantize_dequantize_groups", mutates_args=())
-def quantize_dequantize_groups_op(x: torch.Tensor, offs: torch.Tensor, rounding: str) -> torch.Tensor:
+def _quantize_dequantize_groups(x, offs, rounding):
     """[M, K] rounded to MXFP8 values in blocks along M that restart at every group, as bf16."""
     return _like(x, _kernels(x.device).quantize_dequantize_groups(x, offs, rounding, _OUT_DTYPE))
 
 
-@quantize_dequantize_groups_op.register_fake
-def _(x, offs, rounding):
-    return torch.empty_like(x, dtype=_OUT_DTYPE)
+quantize_dequantize_op = _define(
+    "quantize_dequantize", "(Tensor x, int dim, str rounding) -> Tensor", _quantize_dequantize,
+    lambda x, dim, rounding: torch.empty_like(x, dtype=_OUT_DTYPE),
+)
+quantize_dequantize_groups_op = _define(
+    "quantize_dequantize_groups", "(Tensor x, Tensor offs, str rounding) -> Tensor", _quantize_dequantize_groups,
+    lambda x, offs, rounding: torch.empty_like(x, dtype=_OUT_DTYPE),
+)
 
 
 # --------------------------------------------------------------------------------------------
@@ -121,10 +133,7 @@ def has_fp8_grouped_mm(device: torch.device) -> bool:
     return device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device)[0] == 9
 
 
-@torch.library.custom_op(f"{LIB}::quantize_groups_rowwise", mutates_args=())
-def quantize_groups_rowwise_op(
-    x: torch.Tensor, offs: torch.Tensor, rounding: str
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _quantize_groups_rowwise(x, offs, rounding):
     """Weight-gradient operand of the rowwise recipe (see `rowwise.quantize_groups`)."""
     if x.device.type == "cuda":
         from ..kernels import triton_rowwise
@@ -133,43 +142,51 @@ def quantize_groups_rowwise_op(
     return rowwise.quantize_groups(x, offs, rounding)
 
 
-@quantize_groups_rowwise_op.register_fake
-def _(x, offs, rounding):
+def _quantize_groups_rowwise_fake(x, offs, rounding):
     M, K = x.shape
     G = offs.shape[0]
     data = x.new_empty(K, rowwise.padded_rows(M, G), dtype=torch.float8_e4m3fn)
     return data, x.new_empty(G, K, dtype=torch.float32), offs.new_empty(G)
 
 
+quantize_groups_rowwise_op = _define(
+    "quantize_groups_rowwise", "(Tensor x, Tensor offs, str rounding) -> (Tensor, Tensor, Tensor)",
+    _quantize_groups_rowwise, _quantize_groups_rowwise_fake,
+)
+
+
 # tokens per group below which our Triton FP8 grouped GEMM beats torch's (CUTLASS) one on the
-# H200: torch's tiles are sized for large groups (benchmarks/probe_fp8_grouped_gemm.py)
+# H200 in the forward and input-gradient layout (2d-3d): torch's tiles are sized for large groups
+# (benchmarks/probe_fp8_grouped_gemm.py). The weight gradient (2d-2d) always takes torch's: ours
+# took 1.5 ms per GEMM at fine64 against torch's 1.0 (benchmarks/profile_moe_block.py, BENCHMARKS.md).
 TRITON_GEMM_MAX_TOKENS_PER_GROUP = 1024
 
 
 def _rowwise_gemm(a, b, scale_a, scale_b, offs) -> torch.Tensor:
     if not has_fp8_grouped_mm(a.device):
         return rowwise.scaled_grouped_mm(a, b, scale_a, scale_b, offs)
-    tokens = a.shape[0] if b.dim() == 3 else a.shape[1]
-    if tokens < TRITON_GEMM_MAX_TOKENS_PER_GROUP * offs.numel():
+    if b.dim() == 3 and a.shape[0] < TRITON_GEMM_MAX_TOKENS_PER_GROUP * offs.numel():
         return fp8_grouped_mm_op(a, b, scale_a, scale_b, offs)
     return torch._scaled_grouped_mm(a, b, scale_a, scale_b, offs=offs, out_dtype=_OUT_DTYPE)
 
 
-@torch.library.custom_op(f"{LIB}::fp8_grouped_mm", mutates_args=())
-def fp8_grouped_mm_op(
-    a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, offs: torch.Tensor
-) -> torch.Tensor:
+def _fp8_grouped_mm(a, b, scale_a, scale_b, offs):
     """Our Triton rowwise FP8 grouped GEMM (`kernels/triton_fp8_gemm.py`), bf16 out."""
     from ..kernels import triton_fp8_gemm
 
     return triton_fp8_gemm.scaled_grouped_mm(a, b, scale_a, scale_b, offs)
 
 
-@fp8_grouped_mm_op.register_fake
-def _(a, b, scale_a, scale_b, offs):
+def _fp8_grouped_mm_fake(a, b, scale_a, scale_b, offs):
     if b.dim() == 3:
         return a.new_empty(a.shape[0], b.shape[-1], dtype=_OUT_DTYPE)
     return a.new_empty(offs.shape[0], a.shape[0], b.shape[-1], dtype=_OUT_DTYPE)
+
+
+fp8_grouped_mm_op = _define(
+    "fp8_grouped_mm", "(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor offs) -> Tensor",
+    _fp8_grouped_mm, _fp8_grouped_mm_fake,
+)
 
 
 def _forward_rowwise(a_MK, b_EKN, offs, rounding):
