@@ -37,6 +37,7 @@ def cases(x_MK: torch.Tensor, offs: torch.Tensor, w_ENK: torch.Tensor):
     yield "weights_along_N_blocked", lambda: tri.quantize_weight_blocked(b_EKN), nbytes(w_ENK, *wk)
     yield "qdq_rows", lambda: tri.quantize_dequantize(x_MK, -1), 2 * nbytes(x_MK)
     yield "qdq_groups_along_tokens", lambda: tri.quantize_dequantize_groups(x_MK, offs), 2 * nbytes(x_MK)
+    yield "qdq_rows_and_groups", lambda: tri.quantize_dequantize_rows_and_groups(x_MK, offs), 3 * nbytes(x_MK)
     yield "qdq_weights_along_K", lambda: tri.quantize_dequantize(b_EKN, 1), 2 * nbytes(w_ENK)
     yield "qdq_weights_along_N", lambda: tri.quantize_dequantize(b_EKN, 2), 2 * nbytes(w_ENK)
 
