@@ -24,8 +24,9 @@ from . import reference as ref
 
 PLAIN, BLOCKED_COL, BLOCKED_ROW = 0, 1, 2
 _BLOCK_C = 64
-# (blocks per program, columns per program, warps), keyed by "blocks run along the contiguous dim"
-TILES = {True: (8, 16, 4), False: (2, 64, 2)}  # best of benchmarks/bench_quantize.py --sweep
+# (blocks per program, columns per program, warps) by where the blocks run: along the contiguous
+# dim, across rows, or both ways at once (32 columns: a row's block is then the tile's row)
+TILES = {"contiguous": (8, 16, 4), "rows": (2, 64, 2), "both": (4, 32, 4)}  # bench_quantize.py --sweep
 
 
 @triton.jit
@@ -153,12 +154,10 @@ def _mx_round(x, AXIS: tl.constexpr, RCEIL: tl.constexpr, HW_CVT: tl.constexpr):
 
 @triton.jit
 def _store_rounded_rows(ptr, x, mask, RCEIL: tl.constexpr, OUT_BF16: tl.constexpr, HW_CVT: tl.constexpr):
-    """Store x [NB, 32, C] rounded to MXFP8 values in blocks of 32 along C (C a multiple of 32)."""
-    NB: tl.constexpr = x.shape[0]
-    C: tl.constexpr = x.shape[2]
-    q8, biased = _mx_round(tl.reshape(x, [NB, 32, C // 32, 32]), 3, RCEIL, HW_CVT)
-    y = _e4m3_decode(q8, HW_CVT) * tl.expand_dims(_e8m0_to_float(biased), 3)
-    _store_f32(ptr, tl.reshape(y, [NB, 32, C]), mask, OUT_BF16, HW_CVT)
+    """Store x [NB, 32, 32] rounded to MXFP8 values in blocks of 32 along its last dim."""
+    tl.static_assert(x.shape[2] == 32)
+    q8, biased = _mx_round(x, 2, RCEIL, HW_CVT)
+    _store_f32(ptr, _e4m3_decode(q8, HW_CVT) * tl.expand_dims(_e8m0_to_float(biased), 2), mask, OUT_BF16, HW_CVT)
 
 
 @triton.jit
@@ -380,8 +379,7 @@ def _launch_quant(
             raise ValueError(f"block dim of size {R} is not a multiple of {ref.BLOCK}")
         r_ends = _one_group(R, dev)
     G_R = r_ends.numel()
-    # rounding along c as well needs whole 32-column blocks in each program
-    NB, BLOCK_C, warps = TILES[x3.stride(1) == 1 and z3 is None]
+    NB, BLOCK_C, warps = TILES["both" if z3 is not None else "contiguous" if x3.stride(1) == 1 else "rows"]
     n_main = triton.cdiv(ref.group_scale_rows(R, G_R) if grouped else R // 32, NB)
     # extra programs zero the rows past the last group end (none when the data is pre-zeroed)
     n_tail = triton.cdiv(R, 32 * NB) if grouped and y_starts is None else 0
