@@ -37,33 +37,28 @@ def cases(x_MK: torch.Tensor, offs: torch.Tensor, w_ENK: torch.Tensor):
     yield "weights_along_N_blocked", lambda: tri.quantize_weight_blocked(b_EKN), nbytes(w_ENK, *wk)
     yield "qdq_rows", lambda: tri.quantize_dequantize(x_MK, -1), 2 * nbytes(x_MK)
     yield "qdq_groups_along_tokens", lambda: tri.quantize_dequantize_groups(x_MK, offs), 2 * nbytes(x_MK)
-    yield "qdq_rows_and_groups", lambda: tri.quantize_dequantize_rows_and_groups(x_MK, offs), 3 * nbytes(x_MK)
     yield "qdq_weights_along_K", lambda: tri.quantize_dequantize(b_EKN, 1), 2 * nbytes(w_ENK)
     yield "qdq_weights_along_N", lambda: tri.quantize_dequantize(b_EKN, 2), 2 * nbytes(w_ENK)
 
 
 def sweep() -> None:
-    """Fraction of copy bandwidth per tile shape (blocks per program, columns, warps) for each
-    kind of tile: blocks along the contiguous dim (qdq along K), across rows (qdq along tokens per
-    group) and both (the two roundings in one pass; bytes: one read, two writes)."""
+    """Fraction of copy bandwidth per tile shape (blocks per program, columns, warps) for the
+    contiguous-dim case (qdq along K) and the strided case (qdq along tokens per group)."""
     x = torch.randn(16384, 16384, device="cuda", dtype=torch.bfloat16)
     offs = torch.tensor([16384], dtype=torch.int32, device="cuda")
     dst = torch.empty_like(x)
     copy_ms = do_bench(lambda: dst.copy_(x), return_mode="median")
-    cases = {"contiguous": (lambda: tri.quantize_dequantize(x, -1), 1),
-             "rows": (lambda: tri.quantize_dequantize_groups(x, offs), 1),
-             "both": (lambda: tri.quantize_dequantize_rows_and_groups(x, offs), 1.5)}
-    configs = {"contiguous": [(2, 32, 4), (4, 32, 4), (4, 64, 8), (8, 16, 4), (8, 32, 8), (16, 16, 8)],
-               "rows": [(1, 128, 4), (1, 256, 8), (2, 128, 8), (4, 64, 4), (1, 64, 1), (1, 128, 1),
-                        (1, 64, 2), (1, 128, 2), (1, 256, 2), (2, 64, 2), (2, 128, 4), (1, 256, 4)],
-               "both": [(2, 32, 2), (1, 64, 2), (2, 64, 2), (2, 64, 4), (1, 128, 4), (2, 128, 4)]}
+    cases = {True: lambda: tri.quantize_dequantize(x, -1), False: lambda: tri.quantize_dequantize_groups(x, offs)}
+    configs = {True: [(2, 32, 4), (4, 32, 4), (4, 64, 8), (8, 16, 4), (8, 32, 8), (16, 16, 8)],
+               False: [(1, 128, 4), (1, 256, 8), (2, 128, 8), (4, 64, 4), (1, 64, 1), (1, 128, 1),
+                       (1, 64, 2), (1, 128, 2), (1, 256, 2), (2, 64, 2), (2, 128, 4), (1, 256, 4)]}
     default = dict(tri.TILES)
-    for kind, (fn, bytes_vs_copy) in cases.items():
-        for cfg in configs[kind]:
-            tri.TILES[kind] = cfg
+    for contiguous, fn in cases.items():
+        for cfg in configs[contiguous]:
+            tri.TILES[contiguous] = cfg
             ms = do_bench(fn, return_mode="median")
-            print(f"{kind:<10} tile={cfg} {bytes_vs_copy * copy_ms / ms:5.2f}x copy", flush=True)
-        tri.TILES[kind] = default[kind]
+            print(f"contiguous={contiguous!s:<5} tile={cfg} {copy_ms / ms:5.2f}x copy", flush=True)
+        tri.TILES[contiguous] = default[contiguous]
 
 
 def main() -> None:

@@ -4,8 +4,7 @@ backend, and the process-wide pre-grad pass that serves models marked with `mxfp
 Every way rewrites the Dynamo graph before AOTAutograd and Inductor see it, and registers a
 custom pass whose `uuid()` hashes the package's sources and the options: the FX-graph and
 AOTAutograd caches do not hash a custom op's Python backward or our kernels, so without it an
-edited formula would be served stale (DESIGN §6). The post-grad pass also fuses the two MXFP8
-roundings of one tensor (`patterns.roundings`).
+edited formula would be served stale (DESIGN §6).
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 
 from .config import MXFP8Config
 from .patterns.rewrite import SiteReport, rewrite
-from .patterns.roundings import fuse_roundings
 
 _OWN_OPTIONS = {"include", "exclude", "recipe", "rounding", "wgrad"}
 
@@ -35,15 +33,14 @@ def _uuid(config_key: str) -> str:
     return get_hash_for_files(_sources(), config_key).hex()
 
 
-class PostGradPass(CustomGraphPass):
-    """The post-grad pass: fuses rounding pairs, and puts the package sources and options into
-    the cache keys."""
+class CacheKeyPass(CustomGraphPass):
+    """A no-op post-grad pass that puts the package sources and options into the cache keys."""
 
     def __init__(self, config_key: str) -> None:
         self.config_key = config_key
 
     def __call__(self, graph: torch.fx.Graph) -> None:
-        fuse_roundings(graph)
+        return None
 
     def uuid(self) -> str:
         return _uuid(self.config_key)
@@ -90,7 +87,7 @@ def mxfp8_backend(
     patches = {**(list_mode_options(mode) if mode else {}), **patches}
     if patches.get("post_grad_custom_post_pass") is not None:
         raise ValueError("backend='mxfp8' uses post_grad_custom_post_pass for its cache key; drop that option")
-    patches["post_grad_custom_post_pass"] = PostGradPass(config.key())
+    patches["post_grad_custom_post_pass"] = CacheKeyPass(config.key())
     return compile_fx(gm, example_inputs, config_patches=patches)
 
 
@@ -106,8 +103,7 @@ def inductor_options(**options: Any) -> dict[str, Any]:
     Takes the same keys as the `mxfp8` backend's options (include, exclude, recipe, rounding, wgrad).
     """
     config = MXFP8Config.from_options(options)
-    return {"pre_grad_custom_pass": PreGradRewrite(config), "post_grad_custom_post_pass": PostGradPass(config.key()),
-            **_early_timing()}
+    return {"pre_grad_custom_pass": PreGradRewrite(config), **_early_timing()}
 
 
 def install_marked_model_pass() -> None:
@@ -122,8 +118,6 @@ def install_marked_model_pass() -> None:
             f"set to {current!r}; use backend='mxfp8' or inductor_options() instead of marking the model"
         )
     cfg.pre_grad_custom_pass = PreGradRewrite(None)
-    if cfg.post_grad_custom_post_pass is None:  # an optimisation only: leave another one in place
-        cfg.post_grad_custom_post_pass = PostGradPass("marked-models")
     for key, value in _early_timing().items():
         setattr(cfg, key, value)
 

@@ -16,8 +16,6 @@ from torch._dynamo.utils import counters
 from torch.utils.checkpoint import checkpoint
 
 import mxfp8_inductor as mx
-from mxfp8_inductor import backend
-from mxfp8_inductor.patterns.roundings import fuse_roundings
 
 TESTS = pathlib.Path(__file__).parent
 
@@ -41,18 +39,11 @@ def _problem(seed=0, layers=1, **kw):
 
 
 @pytest.mark.parametrize("recipe", ["mxfp8", "fp8_rowwise"])
-def test_moe_block_numerics_vs_bf16_compiled(recipe, monkeypatch):
+def test_moe_block_numerics_vs_bf16_compiled(recipe):
     torch._dynamo.reset()
     model, x, grad = _problem(shared_expert=True)
     ref = _step(model, x, grad, torch.compile(model))
-    fused = []
-    monkeypatch.setattr(backend, "fuse_roundings", lambda graph: fused.append(fuse_roundings(graph)))
-    # no cache: the post-grad pass runs only when Inductor compiles
-    options = {"recipe": recipe, "force_disable_caches": True}
-    got = _step(model, x, grad, torch.compile(model, backend="mxfp8", options=options))
-    # the tokens into w1/w3 and w2 (the partitioner puts their weight-grad roundings in the forward
-    # graph) and the gradients out of w2, w1 and w3: each rounded both ways in one pass
-    assert fused == ([2, 3] if recipe == "mxfp8" else [0, 0])
+    got = _step(model, x, grad, torch.compile(model, backend="mxfp8", options={"recipe": recipe}))
     assert sqnr(ref[0], got[0]) >= 23
     assert sqnr(ref[1], got[1]) >= 21
     for name in ref[2]:

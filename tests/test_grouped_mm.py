@@ -285,29 +285,3 @@ def test_bad_input_raises_value_error(over, match):
     args = _bad(**over)
     with pytest.raises(ValueError, match=match):
         mx.grouped_mm(args["a"], args["b"], args["offs"], **kwargs)
-
-
-def test_post_grad_pass_rounds_a_gradient_both_ways_in_one_call():
-    """The input-grad and weight-grad decompositions each round the gradient; the post-grad pass
-    makes that one `quantize_dequantize_rows_and_groups` call, with bit-identical results."""
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    from mxfp8_inductor.patterns.roundings import fuse_roundings
-
-    a, w, b_of, offs, grad = _problem(8)
-
-    def backward(grad, a, b, offs):
-        da = gm._dgrad(grad, b, offs, "mxfp8", "rceil", decomposing=True)
-        return da, gm._wgrad(grad, a, offs, "mxfp8", "rceil", decomposing=True)
-
-    traced = make_fx(backward, tracing_mode="fake")(grad, a, b_of(w), offs)
-    want = traced(grad, a, b_of(w), offs)
-    assert fuse_roundings(traced.graph) == 1  # the gradient's pair; a and b have one rounding each
-    traced.recompile()
-    ops_ = [n.target for n in traced.graph.nodes if n.op == "call_function"]
-    assert ops_.count(gm.quantize_dequantize_rows_and_groups_op) == 1
-    assert ops_.count(gm.quantize_dequantize_op) == 1  # the weight, along N
-    assert ops_.count(gm.quantize_dequantize_groups_op) == 1  # a
-    (da, dw), L = traced(grad, a, b_of(w), offs), int(offs[-1])
-    assert_bitwise_equal(da[:L], want[0][:L])  # rows past offs[-1] are unspecified
-    assert_bitwise_equal(dw, want[1])

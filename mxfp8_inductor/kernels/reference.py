@@ -194,13 +194,6 @@ def quantize_dequantize_groups(
     return dequantize_groups(data, scales, offs, dtype or x_MK.dtype)
 
 
-def quantize_dequantize_rows_and_groups(
-    x_MK: torch.Tensor, offs: torch.Tensor, rounding: str = "rceil", dtype: torch.dtype | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """x rounded along K (input-grad operand) and per group along the tokens (weight-grad operand)."""
-    return quantize_dequantize(x_MK, -1, rounding, dtype), quantize_dequantize_groups(x_MK, offs, rounding, dtype)
-
-
 # --------------------------------------------------------------------------------------------
 # Scale layouts for the native GEMM (DESIGN §4)
 

@@ -24,9 +24,8 @@ from . import reference as ref
 
 PLAIN, BLOCKED_COL, BLOCKED_ROW = 0, 1, 2
 _BLOCK_C = 64
-# (blocks per program, columns per program, warps) by where the blocks run: along the contiguous
-# dim, across rows, or both ways at once (columns a multiple of 32)
-TILES = {"contiguous": (8, 16, 4), "rows": (2, 64, 2), "both": (2, 64, 2)}  # bench_quantize.py --sweep
+# (blocks per program, columns per program, warps), keyed by "blocks run along the contiguous dim"
+TILES = {True: (8, 16, 4), False: (2, 64, 2)}  # best of benchmarks/bench_quantize.py --sweep
 
 
 @triton.jit
@@ -144,32 +143,6 @@ def _scaled_to_e4m3(x, inv, HW_CVT: tl.constexpr):
 
 
 @triton.jit
-def _mx_round(x, AXIS: tl.constexpr, RCEIL: tl.constexpr, HW_CVT: tl.constexpr):
-    """float8 bytes of x and the e8m0 byte of each block, blocks of 32 along AXIS. NaN counts as
-    inf, so amax == inf marks every non-finite block."""
-    ax = tl.abs(x)
-    biased = _scale_exponent(tl.max(tl.where(ax != ax, float("inf"), ax), axis=AXIS), RCEIL)
-    return _scaled_to_e4m3(x, tl.expand_dims(_inv_scale(biased), AXIS), HW_CVT), biased
-
-
-@triton.jit
-def _store_rounded_rows(ptr, x, mask, RCEIL: tl.constexpr, OUT_BF16: tl.constexpr, HW_CVT: tl.constexpr):
-    """Store x [NB, 32, C] rounded to MXFP8 values in blocks of 32 along C. Each block's max is a
-    masked max over whole rows, which keeps x's register layout: a reshape to [..., C // 32, 32]
-    moved the tile through shared memory and ran at half the copy bandwidth."""
-    C: tl.constexpr = x.shape[2]
-    blk = (tl.arange(0, C) // 32)[None, None, :]
-    ax = tl.abs(x)
-    ax = tl.where(ax != ax, float("inf"), ax)
-    amax = tl.zeros_like(ax)
-    for j in tl.static_range(C // 32):
-        amax = tl.where(blk == j, tl.expand_dims(tl.max(tl.where(blk == j, ax, 0.0), axis=2), 2), amax)
-    biased = _scale_exponent(amax, RCEIL)
-    q8 = _scaled_to_e4m3(x, _inv_scale(biased), HW_CVT)
-    _store_f32(ptr, _e4m3_decode(q8, HW_CVT) * _e8m0_to_float(biased), mask, OUT_BF16, HW_CVT)
-
-
-@triton.jit
 def _e4m3_decode(byte, HW_CVT: tl.constexpr):
     """float8_e4m3fn byte (uint8) -> float32 (in integer math where the hardware cast is missing)."""
     if HW_CVT:
@@ -233,7 +206,6 @@ def _scale_offsets(
 def _mx_quant_kernel(
     x_ptr, sx_b, sx_r, sx_c,
     y_ptr, sy_b, sy_r, sy_c,
-    z_ptr, sz_b, sz_r, sz_c,
     s_ptr, ss_b, ss_blk, ss_c,
     R, C, n_main,
     r_ends_ptr, G_R: tl.constexpr, GP_R: tl.constexpr, y_starts_ptr,
@@ -243,7 +215,6 @@ def _mx_quant_kernel(
     SCALE_MODE: tl.constexpr,
     PAD_Y: tl.constexpr,
     GROUPED: tl.constexpr,
-    ALSO_ALONG_C: tl.constexpr,
     IN_BF16: tl.constexpr,
     OUT_BF16: tl.constexpr,
     HW_CVT: tl.constexpr,
@@ -252,8 +223,7 @@ def _mx_quant_kernel(
 ):
     """Program (p, q, b): blocks p*NB .. p*NB+NB-1 along r (global block ids: group after group),
     columns q*BLOCK_C .., batch b; the tile is [NB, 32, BLOCK_C]. Programs p >= n_main zero the
-    rows past the last group end (quantize_groups leaves no row unwritten). ALSO_ALONG_C: the same
-    pass also writes z, x rounded in blocks of 32 along c (every row, past the last group too)."""
+    rows past the last group end (quantize_groups leaves no row unwritten)."""
     pid = tl.program_id(0)
     b = tl.program_id(2).to(tl.int64)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -265,10 +235,6 @@ def _mx_quant_kernel(
         m = ((r < R)[:, :, None]) & c_ok[None, None, :]
         zero = tl.zeros([NB, 32, BLOCK_C], dtype=y_ptr.dtype.element_ty)
         tl.store(y_ptr + b * sy_b + r[:, :, None] * sy_r + c[None, None, :] * sy_c, zero, mask=m)
-        if ALSO_ALONG_C:
-            x = _load_f32(x_ptr + b * sx_b + r[:, :, None] * sx_r + c[None, None, :] * sx_c, m, IN_BF16)
-            _store_rounded_rows(z_ptr + b * sz_b + r[:, :, None] * sz_r + c[None, None, :] * sz_c, x, m,
-                                RCEIL, OUT_BF16, HW_CVT)
     else:
         jb = pid * NB + tl.arange(0, NB)
         if GROUPED:
@@ -285,10 +251,13 @@ def _mx_quant_kernel(
             r = jb[:, None] * 32 + rr[None, :]
         m = (r < g_end[:, None])[:, :, None] & c_ok[None, None, :]
         x = _load_f32(x_ptr + b * sx_b + r[:, :, None] * sx_r + c[None, None, :] * sx_c, m, IN_BF16)
-        if ALSO_ALONG_C:
-            _store_rounded_rows(z_ptr + b * sz_b + r[:, :, None] * sz_r + c[None, None, :] * sz_c, x, m,
-                                RCEIL, OUT_BF16, HW_CVT)
-        q8, biased = _mx_round(x, 1, RCEIL, HW_CVT)
+
+        # NaN counts as inf, so amax == inf marks every non-finite block
+        ax = tl.abs(x)
+        amax = tl.max(tl.where(ax != ax, float("inf"), ax), axis=1)
+        biased = _scale_exponent(amax, RCEIL)
+        inv = _inv_scale(biased)
+        q8 = _scaled_to_e4m3(x, inv[:, None, :], HW_CVT)
 
         if PAD_Y:
             r = r + (tl.load(y_starts_ptr + g, mask=g < G_R, other=0) - row0)[:, None]
@@ -375,7 +344,7 @@ def _launch_quant(
     s3: torch.Tensor | None = None, scale_mode: int = PLAIN,
     r_ends: torch.Tensor | None = None, y_starts: torch.Tensor | None = None,
     s_ends: torch.Tensor | None = None, s_starts: torch.Tensor | None = None,
-    Hp: int = 0, Wp: int = 0, scale_buf: torch.Tensor | None = None, z3: torch.Tensor | None = None,
+    Hp: int = 0, Wp: int = 0, scale_buf: torch.Tensor | None = None,
 ) -> None:
     ref.check_rounding(rounding)
     B, R, C = x3.shape
@@ -388,7 +357,7 @@ def _launch_quant(
             raise ValueError(f"block dim of size {R} is not a multiple of {ref.BLOCK}")
         r_ends = _one_group(R, dev)
     G_R = r_ends.numel()
-    NB, BLOCK_C, warps = TILES["both" if z3 is not None else "contiguous" if x3.stride(1) == 1 else "rows"]
+    NB, BLOCK_C, warps = TILES[x3.stride(1) == 1]
     n_main = triton.cdiv(ref.group_scale_rows(R, G_R) if grouped else R // 32, NB)
     # extra programs zero the rows past the last group end (none when the data is pre-zeroed)
     n_tail = triton.cdiv(R, 32 * NB) if grouped and y_starts is None else 0
@@ -402,13 +371,11 @@ def _launch_quant(
         strides = s3.stride() if s3 is not None else (0, 0, 0)
     grid = (n_main + n_tail, triton.cdiv(C, BLOCK_C), B)
     in_bf16, out_bf16 = x3.dtype == torch.bfloat16, y3.dtype == torch.bfloat16
-    z3 = y3 if z3 is None else z3  # unused unless given
     _mx_quant_kernel[grid](
-        _bits(x3), *x3.stride(), _bits(y3), *y3.stride(), _bits(z3), *z3.stride(), scale_buf, *strides, R, C, n_main,
+        _bits(x3), *x3.stride(), _bits(y3), *y3.stride(), scale_buf, *strides, R, C, n_main,
         r_ends, G_R, triton.next_power_of_2(G_R), y_starts if y_starts is not None else r_ends,
         s_ends, s_starts, s_ends.numel(), triton.next_power_of_2(s_ends.numel()), Hp, Wp,
         RCEIL=rounding == "rceil", DEQUANT=dequant, SCALE_MODE=scale_mode, PAD_Y=y_starts is not None, GROUPED=grouped,
-        ALSO_ALONG_C=z3 is not y3,
         IN_BF16=in_bf16, OUT_BF16=out_bf16, HW_CVT=x3.is_cuda, NB=NB, BLOCK_C=BLOCK_C, num_warps=warps,
     )
 
@@ -489,19 +456,6 @@ def quantize_dequantize_groups(
     y = torch.empty(x_MK.shape, dtype=dtype or x_MK.dtype, device=x_MK.device)
     _launch_quant(x_MK.unsqueeze(0), y.unsqueeze(0), rounding, dequant=True, r_ends=offs)
     return y
-
-
-def quantize_dequantize_rows_and_groups(
-    x_MK: torch.Tensor, offs: torch.Tensor, rounding: str = "rceil", dtype: torch.dtype | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Both roundings of token rows that a backward pass needs, reading x once:
-    (`quantize_dequantize(x, -1)`, `quantize_dequantize_groups(x, offs)`)."""
-    _check_groups(x_MK, offs)
-    if x_MK.shape[1] % ref.BLOCK:
-        raise ValueError(f"K={x_MK.shape[1]} must be a multiple of {ref.BLOCK}")
-    y_rows, y_groups = (torch.empty(x_MK.shape, dtype=dtype or x_MK.dtype, device=x_MK.device) for _ in range(2))
-    _launch_quant(x_MK.unsqueeze(0), y_groups.unsqueeze(0), rounding, dequant=True, r_ends=offs, z3=y_rows.unsqueeze(0))
-    return y_rows, y_groups
 
 
 # --------------------------------------------------------------------------------------------

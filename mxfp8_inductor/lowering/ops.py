@@ -122,20 +122,6 @@ quantize_dequantize_groups_op = _define(
 )
 
 
-def _quantize_dequantize_rows_and_groups(x, offs, rounding):
-    """Both of the above in one pass over x (dim=-1 for the first); the post-grad pass
-    `patterns.roundings` puts it where a graph rounds one tensor both ways."""
-    both = _kernels(x.device).quantize_dequantize_rows_and_groups(x, offs, rounding, _OUT_DTYPE)
-    return tuple(_like(x, y) for y in both)
-
-
-quantize_dequantize_rows_and_groups_op = _define(
-    "quantize_dequantize_rows_and_groups", "(Tensor x, Tensor offs, str rounding) -> (Tensor, Tensor)",
-    _quantize_dequantize_rows_and_groups,
-    lambda x, offs, rounding: (torch.empty_like(x, dtype=_OUT_DTYPE), torch.empty_like(x, dtype=_OUT_DTYPE)),
-)
-
-
 # --------------------------------------------------------------------------------------------
 # FP8 rowwise
 
