@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_mx import _e4m3_decode, _find, _group_start, _groups, _pick, _store_f32
+from .triton_mx import _e4m3_decode, _find, _group_start, _groups, _pick, _store_f32, cdiv, pow2
 
 F8 = torch.float8_e4m3fn
 
@@ -214,14 +214,14 @@ def scaled_grouped_mm(
     sa, sb = scale_a.contiguous(), scale_b.contiguous()
     hw = a.is_cuda
     if b.dim() == 3:
-        grid = lambda c: ((triton.cdiv(M, c["BM"]) + E) * triton.cdiv(N, c["BN"]),)
+        grid = lambda c: ((cdiv(M, c["BM"]) + E) * cdiv(N, c["BN"]),)
         _launch(
             _gemm_2d3d_kernel, _gemm_2d3d_tuned, ("2d3d", N, K), grid,
             a8, a8.stride(0), b8, b8.stride(0), b8.stride(2), sa, sb, out16, offs, M, N, K,
-            E=E, EP=triton.next_power_of_2(E), HW_CVT=hw,
+            E=E, EP=pow2(E), HW_CVT=hw,
         )
     else:
-        grid = lambda c: (triton.cdiv(Mo, c["BM"]) * triton.cdiv(N, c["BN"]), G)
+        grid = lambda c: (cdiv(Mo, c["BM"]) * cdiv(N, c["BN"]), G)
         _launch(
             _gemm_2d2d_kernel, _gemm_2d2d_tuned, ("2d2d", Mo, N), grid,
             a8, a8.stride(0), b8, b8.stride(1), sa, sb, out16, offs, Mo, N, T, HW_CVT=hw,

@@ -308,6 +308,17 @@ def _to_blocked_kernel(
 # Host wrappers (no host synchronisation)
 
 
+# triton.cdiv and triton.next_power_of_2 are constexpr functions in Triton 3.6, ~3-4 us per call
+# from host code; compiled graphs call these wrappers per operand per step
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def pow2(n: int) -> int:
+    """The next power of two >= n (1 for n <= 1)."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
 def _view3(x: torch.Tensor, dim: int) -> torch.Tensor:
     """View x (or its scales, same rank) as X[b, r, c] with blocks along r = `dim`."""
     if x.dim() == 1:
@@ -358,9 +369,9 @@ def _launch_quant(
         r_ends = _one_group(R, dev)
     G_R = r_ends.numel()
     NB, BLOCK_C, warps = TILES[x3.stride(1) == 1]
-    n_main = triton.cdiv(ref.group_scale_rows(R, G_R) if grouped else R // 32, NB)
+    n_main = cdiv(ref.group_scale_rows(R, G_R) if grouped else R // 32, NB)
     # extra programs zero the rows past the last group end (none when the data is pre-zeroed)
-    n_tail = triton.cdiv(R, 32 * NB) if grouped and y_starts is None else 0
+    n_tail = cdiv(R, 32 * NB) if grouped and y_starts is None else 0
     if s_ends is None:
         s_ends = _block_ends(r_ends) if scale_mode == BLOCKED_COL else _one_group(C, dev)
     if s_starts is None:
@@ -369,12 +380,12 @@ def _launch_quant(
         scale_buf, strides = y3, (0, 0, 0)  # unused (dequantize mode)
     else:
         strides = s3.stride() if s3 is not None else (0, 0, 0)
-    grid = (n_main + n_tail, triton.cdiv(C, BLOCK_C), B)
+    grid = (n_main + n_tail, cdiv(C, BLOCK_C), B)
     in_bf16, out_bf16 = x3.dtype == torch.bfloat16, y3.dtype == torch.bfloat16
     _mx_quant_kernel[grid](
         _bits(x3), *x3.stride(), _bits(y3), *y3.stride(), scale_buf, *strides, R, C, n_main,
-        r_ends, G_R, triton.next_power_of_2(G_R), y_starts if y_starts is not None else r_ends,
-        s_ends, s_starts, s_ends.numel(), triton.next_power_of_2(s_ends.numel()), Hp, Wp,
+        r_ends, G_R, pow2(G_R), y_starts if y_starts is not None else r_ends,
+        s_ends, s_starts, s_ends.numel(), pow2(s_ends.numel()), Hp, Wp,
         RCEIL=rounding == "rceil", DEQUANT=dequant, SCALE_MODE=scale_mode, PAD_Y=y_starts is not None, GROUPED=grouped,
         IN_BF16=in_bf16, OUT_BF16=out_bf16, HW_CVT=x3.is_cuda, NB=NB, BLOCK_C=BLOCK_C, num_warps=warps,
     )
@@ -420,7 +431,7 @@ def dequantize(
     s3 = _view3(scales.view(torch.uint8), dim)
     y3 = _view3(y, dim)
     B, R, C = q3.shape
-    _dequant_kernel[(R // 32, triton.cdiv(C, _BLOCK_C), B)](
+    _dequant_kernel[(R // 32, cdiv(C, _BLOCK_C), B)](
         q3, *q3.stride(), s3, *s3.stride(), _bits(y3), *y3.stride(), C,
         OUT_BF16=dtype == torch.bfloat16, HW_CVT=data.is_cuda, BLOCK_C=_BLOCK_C,
     )
@@ -562,6 +573,6 @@ def to_blocked_groups(
 
 def _launch_blocked(s3, out, mode, ends, starts, Hp, Wp) -> None:
     B, H, W = s3.shape
-    grid = (triton.cdiv(H, 64), triton.cdiv(W, 16), B)
-    _to_blocked_kernel[grid](s3, *s3.stride(), out, H, W, ends, ends.numel(), triton.next_power_of_2(ends.numel()),
+    grid = (cdiv(H, 64), cdiv(W, 16), B)
+    _to_blocked_kernel[grid](s3, *s3.stride(), out, H, W, ends, ends.numel(), pow2(ends.numel()),
                              starts, Hp, Wp, MODE=mode, BLOCK_R=64, BLOCK_W=16)

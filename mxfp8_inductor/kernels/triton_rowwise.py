@@ -11,7 +11,8 @@ import triton.language as tl
 from . import reference as ref
 from . import rowwise
 from .triton_mx import (
-    _bits, _e8m0_to_float, _find, _groups, _inv_scale, _load_f32, _pick, _scale_exponent, _scaled_to_e4m3,
+    _bits, _e8m0_to_float, _find, _groups, _inv_scale, _load_f32, _pick, _scale_exponent, _scaled_to_e4m3, cdiv,
+    pow2,
 )
 
 
@@ -46,8 +47,8 @@ def group_amax(x_MK: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     out = torch.zeros(G, K, device=x_MK.device, dtype=torch.int32)
     BK = 128
     # enough programs to keep every SM streaming, whatever the number of groups
-    slices = max(1, min(64, 1024 // (G * triton.cdiv(K, BK))))
-    _group_amax_kernel[(G, triton.cdiv(K, BK), slices)](
+    slices = max(1, min(64, 1024 // (G * cdiv(K, BK))))
+    _group_amax_kernel[(G, cdiv(K, BK), slices)](
         _bits(x_MK), x_MK.stride(0), offs, out, K,
         IN_BF16=x_MK.dtype == torch.bfloat16, SLICES=slices, BM=64, BK=BK, num_warps=8,
     )
@@ -103,9 +104,9 @@ def quantize_groups(
     scales_GK = torch.empty(G, K, dtype=torch.float32, device=x_MK.device)
     pends = torch.empty(G, dtype=torch.int32, device=x_MK.device)
     BM, BK = 64, 64
-    _cast_groups_t_kernel[(triton.cdiv(Mp, BM), triton.cdiv(K, BK))](
+    _cast_groups_t_kernel[(cdiv(Mp, BM), cdiv(K, BK))](
         _bits(x_MK), x_MK.stride(0), offs, amax_GK, data_KMp, scales_GK, pends, K, Mp,
-        G=G, GP=triton.next_power_of_2(G), ALIGN=rowwise.ALIGN, RCEIL=rounding == "rceil",
+        G=G, GP=pow2(G), ALIGN=rowwise.ALIGN, RCEIL=rounding == "rceil",
         IN_BF16=x_MK.dtype == torch.bfloat16, HW_CVT=x_MK.is_cuda, BM=BM, BK=BK, num_warps=4,
     )
     return data_KMp.view(torch.float8_e4m3fn), scales_GK, pends
