@@ -1,18 +1,17 @@
 """Triton twin of `torch._scaled_grouped_mm` for the FP8 rowwise recipe (bf16 out), as emulated by
-`rowwise.scaled_grouped_mm`, in the two layouts the recipe uses:
-
-  2d-3d (forward, input grad): a [M, K] x b [E, K, N] -> out [M, N], token groups along M;
-  2d-2d (weight grad):         a [Mo, T] x b [T, N] -> out [G, Mo, N], token groups along T.
+`rowwise.scaled_grouped_mm`, in the layout of the forward and input-gradient GEMMs (2d-3d):
+a [M, K] x b [E, K, N] -> out [M, N], token groups along M.
 
 Both operands are K-major (the contraction dim contiguous: b is a transposed view), the layout
 Hopper's FP8 wgmma takes, so each program loads byte tiles A [BM, BK] and B [BN, BK] and
 accumulates A @ B^T in fp32. The rowwise scales are powers of two, so applying them to the fp32
 accumulator in the epilogue equals the emulation's dequantize-then-multiply up to summation order.
 
-No host sync: `offs` is never read on the host. A 2d-3d program owns one [BM, BN] output tile
-within one group: row tiles are counted group after group up to the static bound cdiv(M, BM) + E,
-each program finds its group in a table built in registers, and those past the last tile exit.
-A 2d-2d program owns one output tile of one group and loops over the group's range of T.
+No host sync: `offs` is never read on the host. A program owns one [BM, BN] output tile within
+one group: row tiles are counted group after group up to the static bound cdiv(M, BM) + E, each
+program finds its group in a table built in registers, and those past the last tile exit.
+(A weight-gradient twin, 2d-2d, was slower than torch's kernel at 512 tokens per group and was
+removed; BENCHMARKS.md.)
 
 On GPU the bytes are bitcast to float8 and fed to `tl.dot` as is; the interpreter has no float8
 arithmetic, so there they are decoded to fp32 in integer math and multiplied in IEEE fp32 (exact:
@@ -25,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_mx import _e4m3_decode, _find, _group_start, _groups, _pick, _store_f32, cdiv, pow2
+from .triton_mx import _e4m3_decode, _find, _groups, _pick, _store_f32, cdiv, pow2
 
 F8 = torch.float8_e4m3fn
 
@@ -64,18 +63,18 @@ def _mma(acc, a_rows, a_ok, b_rows, b_ok, k0, k_end, HW_CVT: tl.constexpr, BK: t
 
 @triton.jit
 def _contract(
-    a_rows, a_ok, b_rows, b_ok, k_start, k_end,
+    a_rows, a_ok, b_rows, b_ok, K,
     HW_CVT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
 ):
-    """fp32 sum over k in [k_start, k_end) of A[:, k] B[:, k]^T (see `_mma`)."""
+    """fp32 sum over k < K of A[:, k] B[:, k]^T (see `_mma`)."""
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     if HW_CVT:  # range() is software-pipelined (num_stages); the interpreter cannot take runtime bounds
-        for k0 in range(k_start, k_end, BK):
-            acc = _mma(acc, a_rows, a_ok, b_rows, b_ok, k0, k_end, HW_CVT, BK)
+        for k0 in range(0, K, BK):
+            acc = _mma(acc, a_rows, a_ok, b_rows, b_ok, k0, K, HW_CVT, BK)
     else:
-        k0 = k_start
-        while k0 < k_end:
-            acc = _mma(acc, a_rows, a_ok, b_rows, b_ok, k0, k_end, HW_CVT, BK)
+        k0 = 0
+        while k0 < K:
+            acc = _mma(acc, a_rows, a_ok, b_rows, b_ok, k0, K, HW_CVT, BK)
             k0 += BK
     return acc
 
@@ -103,41 +102,14 @@ def _gemm_2d3d_kernel(
     n_ok = n < N
     a_rows = a_ptr + m.to(tl.int64)[:, None] * s_am
     b_rows = b_ptr + g.to(tl.int64)[:, None] * s_be + n.to(tl.int64)[:, None] * s_bn
-    acc = _contract(a_rows, m_ok, b_rows, n_ok, 0, K, HW_CVT, BM, BN, BK)
+    acc = _contract(a_rows, m_ok, b_rows, n_ok, K, HW_CVT, BM, BN, BK)
     sa = tl.load(sa_ptr + m, mask=m_ok, other=0.0)
     sb = tl.load(sb_ptr + g * N + n, mask=n_ok, other=0.0)
     out = out_ptr + m.to(tl.int64)[:, None] * N + n[None, :]
     _store_f32(out, acc * sa[:, None] * sb[None, :], m_ok[:, None] & n_ok[None, :], True, HW_CVT)
 
 
-@triton.jit
-def _gemm_2d2d_kernel(
-    a_ptr, s_am, b_ptr, s_bn, sa_ptr, sb_ptr, out_ptr, offs_ptr, Mo, N, T,
-    HW_CVT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-):
-    """Program (p, g): output tile p of [Mo, N] for group g, summed over the group's T range."""
-    g = tl.program_id(1)
-    n_tiles = tl.cdiv(N, BN)
-    m = (tl.program_id(0) // n_tiles) * BM + tl.arange(0, BM)
-    n = (tl.program_id(0) % n_tiles) * BN + tl.arange(0, BN)
-    m_ok, n_ok = m < Mo, n < N
-    # group sizes are multiples of 16 (the FP8 GEMM contract): tell the compiler, so the loads
-    # along T vectorise
-    start = tl.multiple_of(_group_start(offs_ptr, g), 16)
-    end = tl.minimum(tl.multiple_of(tl.load(offs_ptr + g), 16), T)  # malformed offs: no reads past T
-    a_rows = a_ptr + m.to(tl.int64)[:, None] * s_am
-    b_rows = b_ptr + n.to(tl.int64)[:, None] * s_bn
-    acc = _contract(a_rows, m_ok, b_rows, n_ok, start, end, HW_CVT, BM, BN, BK)
-    sa = tl.load(sa_ptr + g * Mo + m, mask=m_ok, other=0.0)
-    sb = tl.load(sb_ptr + g * N + n, mask=n_ok, other=0.0)
-    # an empty group is 0 whatever its scales (0 * inf would be NaN), as torch skips it
-    y = tl.where(end > start, acc * sa[:, None] * sb[None, :], 0.0)
-    out = out_ptr + g.to(tl.int64) * Mo * N + m.to(tl.int64)[:, None] * N + n[None, :]
-    _store_f32(out, y, m_ok[:, None] & n_ok[None, :], True, HW_CVT)
-
-
 _gemm_2d3d_tuned = triton.autotune(GPU_CONFIGS, key=["N", "K"])(_gemm_2d3d_kernel)
-_gemm_2d2d_tuned = triton.autotune(GPU_CONFIGS, key=["Mo", "N"])(_gemm_2d2d_kernel)
 _picked: dict[tuple, triton.Config] = {}
 
 
@@ -163,8 +135,11 @@ def _check(a, b, scale_a, scale_b, offs) -> None:
         raise ValueError(f"offs must be a 1-D int32 tensor of group ends, got {offs.dtype} {tuple(offs.shape)}")
     if len({t.device for t in (a, b, scale_a, scale_b, offs)}) != 1:
         raise ValueError("a, b, scale_a, scale_b and offs must be on one device")
-    if a.dim() != 2 or b.dim() not in (2, 3):
-        raise ValueError(f"a must be 2-D and b 2-D or 3-D, got {a.dim()}-D and {b.dim()}-D")
+    if a.dim() != 2 or b.dim() != 3:
+        raise ValueError(
+            f"need a 2-D and b 3-D (the 2d-3d layout; use torch._scaled_grouped_mm for 2d-2d), "
+            f"got {a.dim()}-D and {b.dim()}-D"
+        )
     if a.shape[1] != b.shape[-2]:
         raise ValueError(f"contraction dims differ: a {tuple(a.shape)}, b {tuple(b.shape)}")
     if a.stride(1) != 1:
@@ -180,50 +155,26 @@ def scaled_grouped_mm(
     a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, offs: torch.Tensor
 ) -> torch.Tensor:
     """`torch._scaled_grouped_mm(a, b, scale_a, scale_b, offs=offs, out_dtype=torch.bfloat16)` for
-    rowwise float8_e4m3fn operands (semantics: `rowwise.scaled_grouped_mm`).
-
-    2d-3d: a [M, K], b [E, K, N], scale_a [M], scale_b [E, N], offs [E] group ends along M;
-           returns [M, N] (rows past offs[-1] unwritten).
-    2d-2d: a [Mo, T], b [T, N], scale_a [G * Mo], scale_b [G * N], offs [G] group ends along T,
-           each group a multiple of 16; returns [G, Mo, N] (an empty group gives zeros).
-    """
+    rowwise float8_e4m3fn operands a [M, K], b [E, K, N], scale_a [M], scale_b [E, N] and offs [E]
+    group ends along M (semantics: `rowwise.scaled_grouped_mm`); returns [M, N], rows past
+    offs[-1] unwritten."""
     _check(a, b, scale_a, scale_b, offs)
-    G = offs.numel()
-    if b.dim() == 3:
-        (M, K), (E, _, N) = a.shape, b.shape
-        if G != E:
-            raise ValueError(f"offs must hold one group end per expert: {G} for {E} experts")
-        if scale_a.shape != (M,) or scale_b.shape != (E, N):
-            raise ValueError(
-                f"2d-3d scales must be scale_a [M]={[M]} and scale_b [E, N]={[E, N]}, "
-                f"got {list(scale_a.shape)} and {list(scale_b.shape)}"
-            )
-        shape = (M, N)
-    else:
-        (Mo, T), N = a.shape, b.shape[1]
-        if scale_a.shape != (G * Mo,) or scale_b.shape != (G * N,):
-            raise ValueError(
-                f"2d-2d scales must be scale_a [G * Mo]={[G * Mo]} and scale_b [G * N]={[G * N]}, "
-                f"got {list(scale_a.shape)} and {list(scale_b.shape)}"
-            )
-        shape = (G, Mo, N)
-    out = torch.empty(shape, dtype=torch.bfloat16, device=a.device)
+    (M, K), (E, _, N) = a.shape, b.shape
+    if offs.numel() != E:
+        raise ValueError(f"offs must hold one group end per expert: {offs.numel()} for {E} experts")
+    if scale_a.shape != (M,) or scale_b.shape != (E, N):
+        raise ValueError(
+            f"scales must be scale_a [M]={[M]} and scale_b [E, N]={[E, N]}, "
+            f"got {list(scale_a.shape)} and {list(scale_b.shape)}"
+        )
+    out = torch.empty((M, N), dtype=torch.bfloat16, device=a.device)
     if out.numel() == 0:
         return out
     a8, b8, out16 = a.view(torch.uint8), b.view(torch.uint8), out.view(torch.int16)
-    sa, sb = scale_a.contiguous(), scale_b.contiguous()
-    hw = a.is_cuda
-    if b.dim() == 3:
-        grid = lambda c: ((cdiv(M, c["BM"]) + E) * cdiv(N, c["BN"]),)
-        _launch(
-            _gemm_2d3d_kernel, _gemm_2d3d_tuned, ("2d3d", N, K), grid,
-            a8, a8.stride(0), b8, b8.stride(0), b8.stride(2), sa, sb, out16, offs, M, N, K,
-            E=E, EP=pow2(E), HW_CVT=hw,
-        )
-    else:
-        grid = lambda c: (cdiv(Mo, c["BM"]) * cdiv(N, c["BN"]), G)
-        _launch(
-            _gemm_2d2d_kernel, _gemm_2d2d_tuned, ("2d2d", Mo, N), grid,
-            a8, a8.stride(0), b8, b8.stride(1), sa, sb, out16, offs, Mo, N, T, HW_CVT=hw,
-        )
+    grid = lambda c: ((cdiv(M, c["BM"]) + E) * cdiv(N, c["BN"]),)
+    _launch(
+        _gemm_2d3d_kernel, _gemm_2d3d_tuned, (N, K), grid,
+        a8, a8.stride(0), b8, b8.stride(0), b8.stride(2), scale_a.contiguous(), scale_b.contiguous(), out16, offs,
+        M, N, K, E=E, EP=pow2(E), HW_CVT=a.is_cuda,
+    )
     return out

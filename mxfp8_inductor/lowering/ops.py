@@ -157,8 +157,8 @@ quantize_groups_rowwise_op = _define(
 
 # tokens per group below which our Triton FP8 grouped GEMM beats torch's (CUTLASS) one on the
 # H200 in the forward and input-gradient layout (2d-3d): torch's tiles are sized for large groups
-# (benchmarks/probe_fp8_grouped_gemm.py). The weight gradient (2d-2d) always takes torch's: ours
-# took 1.5 ms per GEMM at fine64 against torch's 1.0 (benchmarks/profile_moe_block.py, BENCHMARKS.md).
+# (benchmarks/probe_fp8_grouped_gemm.py). The weight gradient (2d-2d) takes torch's: our Triton
+# one took 1.5 ms per GEMM at fine64 against torch's 1.0 (BENCHMARKS.md) and was removed.
 TRITON_GEMM_MAX_TOKENS_PER_GROUP = 1024
 
 
@@ -171,16 +171,14 @@ def _rowwise_gemm(a, b, scale_a, scale_b, offs) -> torch.Tensor:
 
 
 def _fp8_grouped_mm(a, b, scale_a, scale_b, offs):
-    """Our Triton rowwise FP8 grouped GEMM (`kernels/triton_fp8_gemm.py`), bf16 out."""
+    """Our Triton rowwise FP8 grouped GEMM (`kernels/triton_fp8_gemm.py`, 2d-3d), bf16 out."""
     from ..kernels import triton_fp8_gemm
 
     return triton_fp8_gemm.scaled_grouped_mm(a, b, scale_a, scale_b, offs)
 
 
 def _fp8_grouped_mm_fake(a, b, scale_a, scale_b, offs):
-    if b.dim() == 3:
-        return a.new_empty(a.shape[0], b.shape[-1], dtype=_OUT_DTYPE)
-    return a.new_empty(offs.shape[0], a.shape[0], b.shape[-1], dtype=_OUT_DTYPE)
+    return a.new_empty(a.shape[0], b.shape[-1], dtype=_OUT_DTYPE)
 
 
 fp8_grouped_mm_op = _define(
