@@ -12,8 +12,8 @@ recipe="mxfp8" (DESIGN §3, blocks of 32, e8m0 scales) has three paths, chosen b
              holds exactly) feeding the bf16 `torch._grouped_mm`;
   reference  CPU: the same emulation with the pure-torch reference.
 recipe="fp8_rowwise" (`kernels/rowwise.py`, one power-of-two scale per row) runs on compute
-capability 9.x `torch._scaled_grouped_mm` for large token groups and our Triton FP8 grouped GEMM
-for small ones; it is emulated elsewhere.
+capability 9.x `torch._scaled_grouped_mm`, except the forward and input-gradient GEMMs of small
+token groups, which take our Triton FP8 grouped GEMM (`_rowwise_gemm`); it is emulated elsewhere.
 """
 
 from __future__ import annotations
