@@ -18,7 +18,7 @@ from triton.testing import do_bench
 
 sys.path.insert(0, ".")
 sys.path.insert(0, "benchmarks")
-from mxfp8_inductor.kernels import triton_mx as tri  # noqa: E402
+from mxfp8_inductor.kernels import triton_mx as tri, triton_rowwise  # noqa: E402
 from shapes import SHAPES, TOKENS, uneven_counts  # noqa: E402
 
 def nbytes(*ts) -> int:
@@ -35,6 +35,9 @@ def cases(x_MK: torch.Tensor, offs: torch.Tensor, w_ENK: torch.Tensor):
     yield "groups_along_tokens_blocked", lambda: tri.quantize_groups_blocked(x_MK, offs), nbytes(x_MK, *g[:2])
     yield "weights_along_K_blocked", lambda: tri.quantize_weight_blocked(w_ENK), nbytes(w_ENK, *wk)
     yield "weights_along_N_blocked", lambda: tri.quantize_weight_blocked(b_EKN), nbytes(w_ENK, *wk)
+    r = triton_rowwise.quantize_groups(x_MK, offs)
+    yield "rowwise_group_amax", lambda: triton_rowwise.group_amax(x_MK, offs), nbytes(x_MK)
+    yield "rowwise_groups_along_tokens", lambda: triton_rowwise.quantize_groups(x_MK, offs), nbytes(x_MK, *r[:2])
     yield "qdq_rows", lambda: tri.quantize_dequantize(x_MK, -1), 2 * nbytes(x_MK)
     yield "qdq_groups_along_tokens", lambda: tri.quantize_dequantize_groups(x_MK, offs), 2 * nbytes(x_MK)
     yield "qdq_weights_along_K", lambda: tri.quantize_dequantize(b_EKN, 1), 2 * nbytes(w_ENK)
@@ -61,14 +64,43 @@ def sweep() -> None:
         tri.TILES[contiguous] = default[contiguous]
 
 
+def sweep_rowwise() -> None:
+    """Fraction of copy bandwidth per tile of the two fp8_rowwise weight-gradient kernels (group
+    amax: rows per program, rows per load, columns, warps; cast: tokens, features per block,
+    blocks per program, warps)."""
+    probs = {"16384x16384 G=1": (16384, 16384, 1), "dsv3 x": (TOKENS, 7168, 8), "fine64 x": (TOKENS, 2048, 64)}
+    amax_tiles = [(256, 64, 64, 4), (256, 32, 128, 4), (512, 64, 64, 4), (256, 64, 128, 8), (128, 64, 64, 4),
+                  (512, 32, 128, 8), (1024, 64, 64, 4)]
+    cast_tiles = [(64, 64, 8, 4), (64, 64, 4, 4), (128, 64, 4, 4), (64, 128, 4, 4), (128, 128, 2, 8),
+                  (32, 128, 8, 4), (64, 64, 16, 4), (128, 64, 8, 8)]
+    default = list(triton_rowwise.AMAX_TILE), list(triton_rowwise.CAST_TILE)
+    for name, (M, K, G) in probs.items():
+        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        offs = torch.cumsum(uneven_counts(G, M), 0, dtype=torch.int32) if G > 1 else torch.tensor([M], dtype=torch.int32, device="cuda")
+        dst = torch.empty_like(x)
+        copy_ms = do_bench(lambda: dst.copy_(x), return_mode="median")
+        for tile in amax_tiles:
+            triton_rowwise.AMAX_TILE[:] = tile
+            ms = do_bench(lambda: triton_rowwise.group_amax(x, offs), return_mode="median")
+            print(f"{name:<16} amax tile={tile} {ms:7.3f} ms {copy_ms / 2 / ms:5.2f}x copy", flush=True)
+        triton_rowwise.AMAX_TILE[:] = default[0]
+        amax_ms = do_bench(lambda: triton_rowwise.group_amax(x, offs), return_mode="median")
+        for tile in cast_tiles:
+            triton_rowwise.CAST_TILE[:] = tile
+            ms = do_bench(lambda: triton_rowwise.quantize_groups(x, offs), return_mode="median") - amax_ms
+            print(f"{name:<16} cast tile={tile} {ms:7.3f} ms {copy_ms * 0.75 / ms:5.2f}x copy", flush=True)
+        triton_rowwise.CAST_TILE[:] = default[1]
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="benchmarks/results/quantize_h200.json")
     p.add_argument("--quick", action="store_true", help="16384x16384 only")
     p.add_argument("--sweep", action="store_true", help="time tile shapes of the quantize kernel, then exit")
+    p.add_argument("--sweep-rowwise", action="store_true", help="the same for the rowwise weight-gradient kernels")
     args = p.parse_args()
-    if args.sweep:
-        sweep()
+    if args.sweep or args.sweep_rowwise:
+        sweep() if args.sweep else sweep_rowwise()
         return
     src = torch.randn(16384, 16384, device="cuda", dtype=torch.bfloat16)
     dst = torch.empty_like(src)

@@ -4,12 +4,13 @@
 
 Wall time well above kernel time means the step is bound by host work (Python, launches).
 """
-import sys, time, torch
+import os, sys, time, torch
 sys.path.insert(0, "."); sys.path.insert(0, "examples"); sys.path.insert(0, "benchmarks")
 import mxfp8_inductor  # noqa
 from moe_model import GroupedExperts
 from shapes import SHAPES, TOKENS, uneven_counts
 from torch.profiler import profile, ProfilerActivity
+TOPK = int(os.environ.get("TOPK", 16))  # kernels listed per profile
 for arg in sys.argv[1:]:
     shape, recipe = arg.split(":")
     torch._dynamo.reset()
@@ -33,5 +34,5 @@ for arg in sys.argv[1:]:
     ka = prof.key_averages()
     tot = sum(k.device_time_total for k in ka) / 5 / 1e3
     print(f"==== {shape} {recipe}: wall {wall:.3f} ms/step, kernels {tot:.3f} ms/step", flush=True)
-    for k in sorted(ka, key=lambda k: -k.device_time_total)[:16]:
+    for k in sorted(ka, key=lambda k: -k.device_time_total)[:TOPK]:
         print(f"{k.device_time_total/5/1e3:8.3f} ms {k.count//5:3d}x {k.key[:110]}")

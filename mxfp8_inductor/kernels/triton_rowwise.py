@@ -15,42 +15,54 @@ from .triton_mx import (
     pow2,
 )
 
+# (rows per program, rows per load, columns, warps) of the amax kernel and (padded tokens,
+# features per block, blocks per program, warps) of the cast kernel: best of
+# benchmarks/bench_quantize.py --sweep-rowwise
+AMAX_TILE = [256, 32, 128, 4]
+CAST_TILE = [32, 128, 8, 4]
+
 
 @triton.jit
 def _group_amax_kernel(
-    x_ptr, sx_m, offs_ptr, out_ptr, K, IN_BF16: tl.constexpr, SLICES: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr
+    x_ptr, sx_m, offs_ptr, out_ptr, K, G: tl.constexpr, GP: tl.constexpr, IN_BF16: tl.constexpr,
+    CHUNK: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
 ):
-    """Program (g, q, s): columns q*BK.. over slice s of group g's rows, BM rows at a time; slices
-    meet in an atomic max on the float bits (ordered like the floats: all are >= 0)."""
-    g = tl.program_id(0)
+    """Program (c, q): columns q*BK.. of rows c*CHUNK.., split where groups end; each group's
+    part meets the other programs' in an atomic max on the float bits (ordered like the floats:
+    all are >= 0). The loop over a part's rows has a constant trip count so that Triton
+    pipelines its loads; rows outside the part are masked off, not read."""
+    c = tl.program_id(0) * CHUNK
     k = tl.program_id(1) * BK + tl.arange(0, BK)
-    start = tl.load(offs_ptr + g - 1, mask=g > 0, other=0)
-    end = tl.load(offs_ptr + g)
-    chunk = (end - start + SLICES * BM - 1) // (SLICES * BM) * BM
-    r0 = start + tl.program_id(2) * chunk
-    stop = tl.minimum(r0 + chunk, end)
-    acc = tl.zeros([BK], dtype=tl.float32)
-    while r0 < stop:  # not range(): the interpreter cannot take loaded bounds
-        r = r0 + tl.arange(0, BM)
-        m = (r < stop)[:, None] & (k < K)[None, :]
-        ax = tl.abs(_load_f32(x_ptr + r.to(tl.int64)[:, None] * sx_m + k[None, :], m, IN_BF16))
-        acc = tl.maximum(acc, tl.max(tl.where(ax != ax, float("inf"), ax), axis=0))
-        r0 += BM
-    tl.atomic_max(out_ptr + g * K + k, acc.to(tl.int32, bitcast=True), mask=k < K)
+    i = tl.arange(0, GP)
+    ends = tl.load(offs_ptr + i, mask=i < G, other=0)
+    stop = tl.minimum(c + CHUNK, tl.load(offs_ptr + G - 1))  # rows past offs[-1] belong to no group
+    r0 = c
+    while r0 < stop:  # once per group met; not range(): the interpreter cannot take loaded bounds
+        g = tl.sum(((ends <= r0) & (i < G)).to(tl.int32), 0)  # the group holding row r0
+        r1 = tl.minimum(tl.sum(tl.where(i == g, ends, 0), 0), stop)
+        # an elementwise running max, reduced across rows once: a reduction per load would
+        # cross warps through shared memory every iteration
+        acc = tl.zeros([BM, BK], dtype=tl.float32)
+        for t in range(CHUNK // BM):
+            r = c + t * BM + tl.arange(0, BM)
+            m = ((r >= r0) & (r < r1))[:, None] & (k < K)[None, :]
+            ax = tl.abs(_load_f32(x_ptr + r.to(tl.int64)[:, None] * sx_m + k[None, :], m, IN_BF16))
+            acc = tl.maximum(acc, tl.where(ax != ax, float("inf"), ax))
+        tl.atomic_max(out_ptr + g * K + k, tl.max(acc, axis=0).to(tl.int32, bitcast=True), mask=k < K)
+        r0 = r1
 
 
 def group_amax(x_MK: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """amax_GK float32, as `rowwise.group_amax`, in one read of x."""
-    K, G = x_MK.shape[1], offs.numel()
+    M, K = x_MK.shape
+    G = offs.numel()
     if x_MK.stride(1) != 1:
         x_MK = x_MK.contiguous()
     out = torch.zeros(G, K, device=x_MK.device, dtype=torch.int32)
-    BK = 128
-    # enough programs to keep every SM streaming, whatever the number of groups
-    slices = max(1, min(64, 1024 // (G * cdiv(K, BK))))
-    _group_amax_kernel[(G, cdiv(K, BK), slices)](
-        _bits(x_MK), x_MK.stride(0), offs, out, K,
-        IN_BF16=x_MK.dtype == torch.bfloat16, SLICES=slices, BM=64, BK=BK, num_warps=8,
+    chunk, bm, bk, warps = AMAX_TILE
+    _group_amax_kernel[(cdiv(M, chunk), cdiv(K, bk))](
+        _bits(x_MK), x_MK.stride(0), offs, out, K, G=G, GP=pow2(G),
+        IN_BF16=x_MK.dtype == torch.bfloat16, CHUNK=chunk, BM=bm, BK=bk, num_warps=warps,
     )
     return out.view(torch.float32)
 
@@ -59,32 +71,49 @@ def group_amax(x_MK: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
 def _cast_groups_t_kernel(
     x_ptr, sx_m, offs_ptr, amax_ptr, y_ptr, scales_ptr, pends_ptr, K, Mp,
     G: tl.constexpr, GP: tl.constexpr, ALIGN: tl.constexpr, RCEIL: tl.constexpr, IN_BF16: tl.constexpr,
-    HW_CVT: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+    HW_CVT: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, KITERS: tl.constexpr,
 ):
-    """Program (p, q): padded token columns p*BM.. and features q*BK.. of y[K, Mp]: gather the
-    source rows, scale by their group's power of two, cast, store transposed. Programs (0, q)
-    also write the float scales of features q*BK.., program (0, 0) the padded group ends: the
-    whole operand comes from this kernel and the amax one, with no host ops between them."""
+    """Program (p, q): padded token columns p*BM.. and features q*KITERS*BK.. of y[K, Mp], BK
+    features at a time: gather the source rows, scale by their group's power of two, cast, store
+    transposed. The token-to-group lookup, O(BM * G), is made once for all KITERS blocks: at 64
+    groups it costs more than the data of one block. Programs (0, q) also write the float scales
+    of their features, program (0, 0) the padded group ends: the whole operand comes from this
+    kernel and the amax one, with no host ops between them."""
     j = tl.program_id(0) * BM + tl.arange(0, BM)
-    k = tl.program_id(1) * BK + tl.arange(0, BK)
-    k_ok = k < K
     starts, ends, chunk_ends = _groups(offs_ptr, G, GP, ALIGN)
     g = _find(chunk_ends, G, j // ALIGN)
     start, end = _pick(starts, g), _pick(ends, g)
     src = start + j - (_pick(chunk_ends, g) - (end - start + ALIGN - 1) // ALIGN) * ALIGN
-    m = ((g < G) & (src < end))[:, None] & k_ok[None, :]
-    x = _load_f32(x_ptr + src.to(tl.int64)[:, None] * sx_m + k[None, :], m, IN_BF16)
+    row_ok = (g < G) & (src < end)
+    x_row = x_ptr + src.to(tl.int64) * sx_m
+    # g is non-decreasing along j: a tile meeting at most two groups (the usual case) takes their
+    # two scale rows as vectors instead of a scale per element
+    g_lo = tl.minimum(tl.min(g, 0), G - 1)
+    g_hi = tl.minimum(tl.max(g, 0), G - 1)
     gc = tl.minimum(g, G - 1)
-    inv = _inv_scale(_scale_exponent(tl.load(amax_ptr + gc[:, None] * K + k[None, :], mask=m, other=0.0), RCEIL))
-    q8 = tl.where(m, _scaled_to_e4m3(x, inv, HW_CVT), 0)
-    tl.store(y_ptr + k.to(tl.int64)[:, None] * Mp + j[None, :], tl.trans(q8), mask=k_ok[:, None] & (j < Mp)[None, :])
-    if tl.program_id(0) == 0:
+    for t in range(KITERS):
+        k = (tl.program_id(1) * KITERS + t) * BK + tl.arange(0, BK)
+        k_ok = k < K
+        m = row_ok[:, None] & k_ok[None, :]
+        x = _load_f32(x_row[:, None] + k[None, :], m, IN_BF16)
+        if g_hi - g_lo <= 1:
+            inv_lo = _inv_scale(_scale_exponent(tl.load(amax_ptr + g_lo * K + k, mask=k_ok, other=0.0), RCEIL))
+            inv_hi = _inv_scale(_scale_exponent(tl.load(amax_ptr + g_hi * K + k, mask=k_ok, other=0.0), RCEIL))
+            inv = tl.where((g <= g_lo)[:, None], inv_lo[None, :], inv_hi[None, :])
+        else:
+            amax = tl.load(amax_ptr + gc[:, None] * K + k[None, :], mask=m, other=0.0)
+            inv = _inv_scale(_scale_exponent(amax, RCEIL))
+        q8 = tl.where(m, _scaled_to_e4m3(x, inv, HW_CVT), 0)
+        y = y_ptr + k.to(tl.int64)[:, None] * Mp + j[None, :]
+        tl.store(y, tl.trans(q8), mask=k_ok[:, None] & (j < Mp)[None, :])
+        if tl.program_id(0) == 0:
+            i = tl.arange(0, GP)
+            ms = (i < G)[:, None] & k_ok[None, :]
+            amax_g = tl.load(amax_ptr + i[:, None] * K + k[None, :], mask=ms, other=0.0)
+            tl.store(scales_ptr + i[:, None] * K + k[None, :], _e8m0_to_float(_scale_exponent(amax_g, RCEIL)), mask=ms)
+    if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
         i = tl.arange(0, GP)
-        ms = (i < G)[:, None] & k_ok[None, :]
-        amax = tl.load(amax_ptr + i[:, None] * K + k[None, :], mask=ms, other=0.0)
-        tl.store(scales_ptr + i[:, None] * K + k[None, :], _e8m0_to_float(_scale_exponent(amax, RCEIL)), mask=ms)
-        if tl.program_id(1) == 0:
-            tl.store(pends_ptr + i, chunk_ends * ALIGN, mask=i < G)
+        tl.store(pends_ptr + i, chunk_ends * ALIGN, mask=i < G)
 
 
 def quantize_groups(
@@ -103,10 +132,10 @@ def quantize_groups(
     data_KMp = torch.empty(K, Mp, dtype=torch.uint8, device=x_MK.device)
     scales_GK = torch.empty(G, K, dtype=torch.float32, device=x_MK.device)
     pends = torch.empty(G, dtype=torch.int32, device=x_MK.device)
-    BM, BK = 64, 64
-    _cast_groups_t_kernel[(cdiv(Mp, BM), cdiv(K, BK))](
+    bm, bk, kiters, warps = CAST_TILE
+    _cast_groups_t_kernel[(cdiv(Mp, bm), cdiv(K, bk * kiters))](
         _bits(x_MK), x_MK.stride(0), offs, amax_GK, data_KMp, scales_GK, pends, K, Mp,
         G=G, GP=pow2(G), ALIGN=rowwise.ALIGN, RCEIL=rounding == "rceil",
-        IN_BF16=x_MK.dtype == torch.bfloat16, HW_CVT=x_MK.is_cuda, BM=BM, BK=BK, num_warps=4,
+        IN_BF16=x_MK.dtype == torch.bfloat16, HW_CVT=x_MK.is_cuda, BM=bm, BK=bk, KITERS=kiters, num_warps=warps,
     )
     return data_KMp.view(torch.float8_e4m3fn), scales_GK, pends
