@@ -134,9 +134,10 @@ def test_compile_fullgraph_on_gpu(recipe):
 @pytest.mark.parametrize("shape", ["fine64", "dsv3"])
 def test_rowwise_fp8_gemms_match_their_emulation(monkeypatch, shape):
     """The FP8 grouped GEMMs (forward 2d-3d, input grad, weight grad 2d-2d on padded groups)
-    compute what the CPU emulation computes, up to fp32 accumulation order: ours in the forward and
-    input grad at fine64's ~512 tokens per group, torch's for the weight grad and at dsv3's ~4096
-    tokens per group (`ops.TRITON_GEMM_MAX_TOKENS_PER_GROUP`)."""
+    compute what the CPU emulation computes, up to fp32 accumulation order: at fine64's ~512
+    tokens per group ours in the forward and input grad and the FP8-rounded operands in torch's
+    bf16 GEMM for the weight grad, torch's FP8 GEMMs at dsv3's ~4096 tokens per group
+    (`ops.TRITON_GEMM_MAX_TOKENS_PER_GROUP`, `ops.BF16_WGRAD_MAX_TOKENS_PER_GROUP`)."""
     E, D, F = SHAPES[shape]
     torch.manual_seed(4)
     offs = uneven_offs(E, TOKENS)

@@ -103,6 +103,7 @@ def test_opcheck():
         torch.library.opcheck(gm.grouped_mm_dgrad_op, (grad, b.detach(), offs, recipe, "rceil"))
         torch.library.opcheck(gm.grouped_mm_wgrad_op, (grad, a.detach(), offs, recipe, "rceil"))
     torch.library.opcheck(gm.quantize_groups_rowwise_op, (a.detach(), offs, "floor"))
+    torch.library.opcheck(gm.group_amax_op, (a.detach(), offs))
     torch.library.opcheck(gm.quantize_dequantize_op, (b.detach(), 1, "rceil"))
     torch.library.opcheck(gm.quantize_dequantize_groups_op, (a.detach(), offs, "floor"))
 
@@ -224,13 +225,36 @@ def test_rowwise_forward_decomposes_to_fusible_ops_and_a_visible_fp8_gemm(monkey
     assert [t for t in targets if "grouped_mm" in t] == [gemm]
     assert targets.count("aten.amax.default") == 2  # one scale per token row, one per expert row
     assert not any(t.startswith("mxfp8.") and t != gemm for t in targets)
-    # the weight gradient (2d-2d) takes torch's kernel at any group size
+    # the weight gradient (2d-2d): torch's FP8 kernel for large groups, its bf16 one on the
+    # FP8-rounded operands (rounded by fusible aten ops after our group amax) for small ones
+    # (on the meta device: a CPU-only torch cannot run the row gather's fake kernel for CUDA)
     with mode:
-        grad = torch.empty(4 * tokens_per_group, 96, dtype=torch.bfloat16, device="cuda")
+        a, offs = a.to("meta"), offs.to("meta")
+        grad = torch.empty(4 * tokens_per_group, 96, dtype=torch.bfloat16, device="meta")
         wgrad = make_fx(lambda g, a, o: gm.grouped_mm_wgrad_op(g, a, o, "fp8_rowwise", "rceil"),
                         decomposition_table=select_decomp_table())(grad, a, offs).graph
-    wgrad_gemms = [str(n.target) for n in wgrad.nodes if n.op == "call_function" and "grouped_mm" in str(n.target)]
-    assert wgrad_gemms == ["aten._scaled_grouped_mm.default"]
+    wgrad_ops = [str(n.target) for n in wgrad.nodes if n.op == "call_function" and str(n.target).startswith("mxfp8.")
+                 or "grouped_mm" in str(n.target)]
+    small = tokens_per_group < gm.BF16_WGRAD_MAX_TOKENS_PER_GROUP
+    assert wgrad_ops == (["mxfp8.group_amax.default"] * 2 + ["aten._grouped_mm.default"] if small else
+                         ["mxfp8.quantize_groups_rowwise.default"] * 2 + ["aten._scaled_grouped_mm.default"])
+
+
+@pytest.mark.parametrize("sizes", [[40, 0, 64, 17], [130]])
+def test_rowwise_small_group_weight_grad_is_the_fp8_one_in_bf16(monkeypatch, sizes):
+    """The small-group weight gradient (FP8-rounded operands, bf16 GEMM) equals the FP8 one (its
+    emulation: padded, transposed float8 operands) bit for bit, empty groups giving zeros."""
+    g = torch.Generator().manual_seed(sum(sizes))
+    offs = make_offs(sizes)
+    M = sum(sizes) + 5  # rows past offs[-1] are ignored
+    a = torch.randn(M, 64, generator=g).bfloat16()
+    grad = (torch.randn(M, 32, generator=g) * 1e3).bfloat16()
+    a[M - 1] = float("nan")
+    want = gm._wgrad_rowwise(grad, a, offs, "rceil")
+    monkeypatch.setattr(gm, "has_fp8_grouped_mm", lambda device: True)
+    got = gm._wgrad_rowwise(grad, a, offs, "rceil")
+    assert_bitwise_equal(got, want)
+    assert all(torch.all(got[e] == 0) for e, n in enumerate(sizes) if n == 0)
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,9 @@ recipe="mxfp8" (DESIGN §3, blocks of 32, e8m0 scales) has three paths, chosen b
              holds exactly) feeding the bf16 `torch._grouped_mm`;
   reference  CPU: the same emulation with the pure-torch reference.
 recipe="fp8_rowwise" (`kernels/rowwise.py`, one power-of-two scale per row) runs on compute
-capability 9.x `torch._scaled_grouped_mm`, except the forward and input-gradient GEMMs of small
-token groups, which take our Triton FP8 grouped GEMM (`_rowwise_gemm`); it is emulated elsewhere.
+capability 9.x `torch._scaled_grouped_mm`, except for small token groups: there the forward and
+input-gradient GEMMs take our Triton FP8 grouped GEMM (`_rowwise_gemm`) and the weight gradient
+multiplies its FP8-rounded operands in bf16 (`_wgrad_rowwise`); it is emulated elsewhere.
 """
 
 from __future__ import annotations
@@ -155,11 +156,30 @@ quantize_groups_rowwise_op = _define(
 )
 
 
+def _group_amax(x, offs):
+    """Per token group and column max |x| (`rowwise.group_amax`), in one read of x on GPUs."""
+    if x.device.type == "cuda":
+        from ..kernels import triton_rowwise
+
+        return triton_rowwise.group_amax(x, offs)
+    return rowwise.group_amax(x, offs)
+
+
+group_amax_op = _define(
+    "group_amax", "(Tensor x, Tensor offs) -> Tensor", _group_amax,
+    lambda x, offs: x.new_empty(offs.shape[0], x.shape[1], dtype=torch.float32),
+)
+
+
 # tokens per group below which our Triton FP8 grouped GEMM beats torch's (CUTLASS) one on the
 # H200 in the forward and input-gradient layout (2d-3d): torch's tiles are sized for large groups
-# (benchmarks/probe_fp8_grouped_gemm.py). The weight gradient (2d-2d) takes torch's: our Triton
-# one took 1.5 ms per GEMM at fine64 against torch's 1.0 (BENCHMARKS.md) and was removed.
+# (benchmarks/probe_fp8_grouped_gemm.py).
 TRITON_GEMM_MAX_TOKENS_PER_GROUP = 1024
+# tokens per group below which the weight gradient (2d-2d) multiplies its FP8-rounded operands in
+# torch's bf16 grouped GEMM: there no FP8 kernel we have beats bf16 (H200, fine64's ~512 tokens
+# per group: torch's FP8 211 TFLOP/s, Inductor's autotuned FP8 277, bf16 504; at qwen3_30b's
+# ~2048 FP8 wins, 654 against 563; benchmarks/results/fp8_grouped_gemm_probe_h200.json).
+BF16_WGRAD_MAX_TOKENS_PER_GROUP = 1024
 
 
 def _rowwise_gemm(a, b, scale_a, scale_b, offs) -> torch.Tensor:
@@ -200,6 +220,11 @@ def _dgrad_rowwise(grad_MN, b_EKN, offs, rounding):
 
 
 def _wgrad_rowwise(grad_MN, a_MK, offs, rounding):
+    if has_fp8_grouped_mm(a_MK.device) and a_MK.shape[0] < BF16_WGRAD_MAX_TOKENS_PER_GROUP * offs.numel():
+        # same rounding as below; Inductor fuses each operand's rounding into one pass after its amax
+        a_q = rowwise.quantize_dequantize_groups(a_MK, offs, group_amax_op(a_MK, offs), rounding)
+        g_q = rowwise.quantize_dequantize_groups(grad_MN, offs, group_amax_op(grad_MN, offs), rounding)
+        return torch._grouped_mm(a_q.t(), g_q, offs)
     a_fp8_KMp, a_scales_GK, padded_offs = quantize_groups_rowwise_op(a_MK, offs, rounding)
     g_fp8_NMp, g_scales_GN, _ = quantize_groups_rowwise_op(grad_MN, offs, rounding)
     return _rowwise_gemm(a_fp8_KMp, g_fp8_NMp.t(), a_scales_GK.reshape(-1), g_scales_GN.reshape(-1), padded_offs)
