@@ -119,6 +119,22 @@ def test_triton_group_quantizer_is_bit_exact(sizes, rounding):
         assert_bitwise_equal(a, b)
 
 
+@pytest.mark.interpreter
+@pytest.mark.parametrize("amax_tile, cast_tile, dtype", [((64, 16, 32, 4), (32, 32, 2, 4), torch.bfloat16),
+                                                        ((32, 32, 16, 4), (16, 16, 3, 4), torch.float32)])
+def test_triton_group_quantizer_tiles_smaller_than_groups(monkeypatch, amax_tile, cast_tile, dtype):
+    """Tiles far smaller than the defaults, so that amax chunks take several loads and span group
+    ends, cast programs loop over several feature blocks (the last one ragged) and meet up to
+    four groups per token tile: still bit-exact."""
+    monkeypatch.setattr(triton_rowwise, "AMAX_TILE", list(amax_tile))
+    monkeypatch.setattr(triton_rowwise, "CAST_TILE", list(cast_tile))
+    x, offs = _groups_case([70, 0, 5, 3, 1, 0, 130, 33], K=104, tail=7, seed=5)
+    x = x.to(dtype)
+    got, want = triton_rowwise.quantize_groups(x, offs), rowwise.quantize_groups(x, offs)
+    for a, b in zip(got, want):
+        assert_bitwise_equal(a, b)
+
+
 def test_rowwise_and_mxfp8_differ_only_where_a_row_spans_a_wide_range():
     """Power-of-two scales shift exponents without changing mantissas, so the two recipes round
     alike until one scale must cover values far below the row's max: rowwise pushes them into
