@@ -134,13 +134,18 @@ def has_fp8_grouped_mm(device: torch.device) -> bool:
     return device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device)[0] == 9
 
 
+def _rowwise_kernels(device: torch.device) -> types.ModuleType:
+    """The rowwise weight-gradient quantizers: Triton twins on GPUs, the pure-torch contract elsewhere."""
+    if device.type == "cuda":
+        from ..kernels import triton_rowwise  # imported lazily: triton is optional off Linux
+
+        return triton_rowwise
+    return rowwise
+
+
 def _quantize_groups_rowwise(x, offs, rounding):
     """Weight-gradient operand of the rowwise recipe (see `rowwise.quantize_groups`)."""
-    if x.device.type == "cuda":
-        from ..kernels import triton_rowwise
-
-        return triton_rowwise.quantize_groups(x, offs, rounding)
-    return rowwise.quantize_groups(x, offs, rounding)
+    return _rowwise_kernels(x.device).quantize_groups(x, offs, rounding)
 
 
 def _quantize_groups_rowwise_fake(x, offs, rounding):
@@ -158,11 +163,7 @@ quantize_groups_rowwise_op = _define(
 
 def _group_amax(x, offs):
     """Per token group and column max |x| (`rowwise.group_amax`), in one read of x on GPUs."""
-    if x.device.type == "cuda":
-        from ..kernels import triton_rowwise
-
-        return triton_rowwise.group_amax(x, offs)
-    return rowwise.group_amax(x, offs)
+    return _rowwise_kernels(x.device).group_amax(x, offs)
 
 
 group_amax_op = _define(
