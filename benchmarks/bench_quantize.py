@@ -1,8 +1,6 @@
-"""Bandwidth of every quantizer (MXFP8, and fp8_rowwise's with Inductor's code for the same
-function as the anchor) against a device-to-device copy measured in the same run.
+"""Bandwidth of every MXFP8 quantizer against a device-to-device copy measured in the same run.
 
     python benchmarks/bench_quantize.py [--out benchmarks/results/quantize_h200.json] [--quick]
-        [--sweep | --sweep-rowwise | --sweep-rows]
 
 Bytes counted: each input element read once, each output element (data, scales) written once.
 """
@@ -20,19 +18,11 @@ from triton.testing import do_bench
 
 sys.path.insert(0, ".")
 sys.path.insert(0, "benchmarks")
-from mxfp8_inductor.kernels import rowwise, triton_mx as tri, triton_rowwise  # noqa: E402
+from mxfp8_inductor.kernels import triton_mx as tri, triton_rowwise  # noqa: E402
 from shapes import SHAPES, TOKENS, uneven_counts  # noqa: E402
 
 def nbytes(*ts) -> int:
     return sum(t.numel() * t.element_size() for t in ts)
-
-
-def _inductor_rows(x: torch.Tensor):
-    data, scales = rowwise.quantize_rows(x, -1)
-    return data.contiguous(), scales
-
-
-inductor_rows = torch.compile(_inductor_rows, dynamic=False)
 
 
 def cases(x_MK: torch.Tensor, offs: torch.Tensor, w_ENK: torch.Tensor):
@@ -45,10 +35,6 @@ def cases(x_MK: torch.Tensor, offs: torch.Tensor, w_ENK: torch.Tensor):
     yield "groups_along_tokens_blocked", lambda: tri.quantize_groups_blocked(x_MK, offs), nbytes(x_MK, *g[:2])
     yield "weights_along_K_blocked", lambda: tri.quantize_weight_blocked(w_ENK), nbytes(w_ENK, *wk)
     yield "weights_along_N_blocked", lambda: tri.quantize_weight_blocked(b_EKN), nbytes(w_ENK, *wk)
-    for name, t in (("tokens", x_MK), ("weights_along_K", w_ENK), ("weights_along_N", b_EKN)):
-        moved = nbytes(t, *triton_rowwise.quantize_rows(t))
-        yield f"rowwise_{name}", lambda t=t: triton_rowwise.quantize_rows(t), moved
-        yield f"rowwise_{name}_inductor", lambda t=t: inductor_rows(t), moved
     r = triton_rowwise.quantize_groups(x_MK, offs)
     yield "rowwise_group_amax", lambda: triton_rowwise.group_amax(x_MK, offs), nbytes(x_MK)
     yield "rowwise_groups_along_tokens", lambda: triton_rowwise.quantize_groups(x_MK, offs), nbytes(x_MK, *r[:2])
@@ -106,47 +92,15 @@ def sweep_rowwise() -> None:
         triton_rowwise.CAST_TILE[:] = default[1]
 
 
-def sweep_rows() -> None:
-    """Fraction of copy bandwidth per tile of the fp8_rowwise row quantizer: rows that fit one
-    load (rows per program, warps), longer rows (rows, columns per load, warps), and weights
-    along N (rows per load, columns, warps)."""
-    rows = {"dsv3 x": (TOKENS, 7168), "dsv3 h": (TOKENS, 2048), "l4scout x": (TOKENS, 5120),
-            "l4scout h": (TOKENS, 8192), "qwen3_30b h": (TOKENS, 768), "16384x16384": (16384, 16384)}
-    weights_N = {f"{name} w{i}": (E, n, k) for name, (E, D, F) in SHAPES.items() for i, (n, k) in ((1, (F, D)), (2, (D, F)))}
-    tables = {"one load": (triton_rowwise.ROWS_TILE, [(1, 4), (1, 8), (2, 4), (2, 8), (4, 8), (1, 2), (2, 2)]),
-              "loop": (triton_rowwise.ROWS_LOOP_TILE, [(1, 2048, 8), (1, 1024, 4), (2, 1024, 8), (1, 4096, 8), (1, 512, 2)]),
-              "along N": (triton_rowwise.ROWS_T_TILE, [(64, 64, 4), (32, 64, 4), (64, 128, 4), (32, 128, 4),
-                                                       (64, 128, 8), (128, 64, 8), (32, 32, 2), (64, 32, 4)])}
-    src = torch.randn(16384, 16384, device="cuda", dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    copy_GBps = 2 * nbytes(src) / do_bench(lambda: dst.copy_(src), return_mode="median") / 1e6
-    for name, shape in {**rows, **weights_N}.items():
-        t = torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
-        if t.dim() == 3:
-            t = t.transpose(-2, -1)
-        kind = "along N" if t.dim() == 3 else "one load" if shape[-1] <= triton_rowwise.ROWS_ONE_LOAD else "loop"
-        table, tiles = tables[kind]
-        default = list(table)
-        moved = nbytes(t, *triton_rowwise.quantize_rows(t))
-        ms = do_bench(lambda: inductor_rows(t), return_mode="median")
-        print(f"{name:<14} {kind:<8} inductor {ms:7.3f} ms {moved / ms / 1e6 / copy_GBps:5.2f}x copy", flush=True)
-        for tile in tiles:
-            table[:] = tile
-            ms = do_bench(lambda: triton_rowwise.quantize_rows(t), return_mode="median")
-            print(f"{name:<14} {kind:<8} tile={tile} {ms:7.3f} ms {moved / ms / 1e6 / copy_GBps:5.2f}x copy", flush=True)
-        table[:] = default
-
-
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="benchmarks/results/quantize_h200.json")
     p.add_argument("--quick", action="store_true", help="16384x16384 only")
     p.add_argument("--sweep", action="store_true", help="time tile shapes of the quantize kernel, then exit")
     p.add_argument("--sweep-rowwise", action="store_true", help="the same for the rowwise weight-gradient kernels")
-    p.add_argument("--sweep-rows", action="store_true", help="the same for the rowwise row quantizer")
     args = p.parse_args()
-    if args.sweep or args.sweep_rowwise or args.sweep_rows:
-        sweep() if args.sweep else sweep_rowwise() if args.sweep_rowwise else sweep_rows()
+    if args.sweep or args.sweep_rowwise:
+        sweep() if args.sweep else sweep_rowwise()
         return
     src = torch.randn(16384, 16384, device="cuda", dtype=torch.bfloat16)
     dst = torch.empty_like(src)

@@ -160,23 +160,6 @@ def test_rowwise_fp8_gemms_match_their_emulation(monkeypatch, shape):
     assert sqnr(want[2], got[2]) >= 40
 
 
-@pytest.mark.parametrize("shape, transposed", [((TOKENS + 5, 7168), False), ((TOKENS, 768), False),
-                                               ((1000, 12000), False), ((8, 2048, 7168), True), ((16, 768, 2048), True)])
-@pytest.mark.parametrize("rounding", ["rceil", "floor"])
-def test_rowwise_row_quantizer_bit_exact_on_gpu(shape, transposed, rounding):
-    """The forward/input-gradient quantizer in its three programs: a row in one load, rows
-    longer than one load, weights along N (the transposed view of [E, N, K])."""
-    from mxfp8_inductor.kernels import rowwise, triton_rowwise
-
-    x = _specials(torch.randn(*shape, device="cuda", dtype=torch.bfloat16))
-    if transposed:
-        x = x.transpose(-2, -1)
-    data, scales = triton_rowwise.quantize_rows(x, -1, rounding)
-    want_data, want_scales = rowwise.quantize_rows(x, -1, rounding)
-    assert_bitwise_equal(data, want_data.contiguous())
-    assert_bitwise_equal(scales, want_scales)
-
-
 @pytest.mark.parametrize("rounding", ["rceil", "floor"])
 def test_rowwise_group_quantizer_bit_exact_on_gpu(rounding):
     from mxfp8_inductor.kernels import rowwise, triton_rowwise

@@ -206,11 +206,11 @@ def test_rowwise_operands_pass_torch_meta_checks(monkeypatch, transposed):
 
 @pytest.mark.parametrize("tokens_per_group, gemm", [(64, "mxfp8.fp8_grouped_mm.default"),
                                                      (2048, "aten._scaled_grouped_mm.default")])
-def test_rowwise_decomposes_to_our_quantizers_and_a_visible_fp8_gemm(monkeypatch, tokens_per_group, gemm):
-    """On Hopper, Inductor sees each fp8_rowwise GEMM as our rowwise quantizer ops and one FP8
-    grouped GEMM: `aten._scaled_grouped_mm` (which max-autotune can tune) for large token groups,
-    our Triton one below TRITON_GEMM_MAX_TOKENS_PER_GROUP tokens per group (forward and input
-    gradient only). The weights reach their quantizer as views, never copied first."""
+def test_rowwise_forward_decomposes_to_fusible_ops_and_a_visible_fp8_gemm(monkeypatch, tokens_per_group, gemm):
+    """On Hopper, Inductor sees fp8_rowwise as plain aten quantization (fusible with producers)
+    and one FP8 grouped GEMM: `aten._scaled_grouped_mm` (which max-autotune can tune) for large
+    token groups, our Triton one below TRITON_GEMM_MAX_TOKENS_PER_GROUP tokens per group (forward
+    and input gradient only)."""
     from torch._inductor.decomposition import select_decomp_table
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -219,20 +219,12 @@ def test_rowwise_decomposes_to_our_quantizers_and_a_visible_fp8_gemm(monkeypatch
         a = torch.empty(4 * tokens_per_group, 128, dtype=torch.bfloat16, device="cuda")
         w = torch.empty(4, 96, 128, dtype=torch.bfloat16, device="cuda")
         offs = torch.empty(4, dtype=torch.int32, device="cuda")
-        grad = torch.empty(4 * tokens_per_group, 96, dtype=torch.bfloat16, device="cuda")
-        table = select_decomp_table()
-        fwd = make_fx(lambda a, b, o: gm.grouped_mm_op(a, b, o, "fp8_rowwise", "rceil", "quantized"),
-                      decomposition_table=table)(a, w.transpose(-2, -1), offs).graph
-        dgrad = make_fx(lambda g, b, o: gm.grouped_mm_dgrad_op(g, b, o, "fp8_rowwise", "rceil"),
-                        decomposition_table=table)(grad, w.transpose(-2, -1), offs).graph
-    for graph, rows in ((fwd, [(4 * tokens_per_group, 128), (4, 96, 128)]), (dgrad, [(4 * tokens_per_group, 96), (4, 128, 96)])):
-        targets = [str(n.target) for n in graph.nodes if n.op == "call_function"]
-        assert [t for t in targets if "grouped_mm" in t] == [gemm]
-        quantized = [n.args[0] for n in graph.nodes if n.target is gm.quantize_rows_rowwise_op]
-        assert [tuple(x.meta["val"].shape) for x in quantized] == rows  # one scale per token row, per expert row
-        assert quantized[1].op == "placeholder" or quantized[1].target is torch.ops.aten.permute.default
-        assert not any(t.startswith(("mxfp8.", "aten.clone", "aten.copy")) and t not in (gemm, "mxfp8.quantize_rows_rowwise.default")
-                       for t in targets)
+        graph = make_fx(lambda a, b, o: gm.grouped_mm_op(a, b, o, "fp8_rowwise", "rceil", "quantized"),
+                        decomposition_table=select_decomp_table())(a, w.transpose(-2, -1), offs).graph
+    targets = [str(n.target) for n in graph.nodes if n.op == "call_function"]
+    assert [t for t in targets if "grouped_mm" in t] == [gemm]
+    assert targets.count("aten.amax.default") == 2  # one scale per token row, one per expert row
+    assert not any(t.startswith("mxfp8.") and t != gemm for t in targets)
     # the weight gradient (2d-2d): torch's FP8 kernel for large groups, its bf16 one on the
     # FP8-rounded operands (rounded by fusible aten ops after our group amax) for small ones
     # (on the meta device: a CPU-only torch cannot run the row gather's fake kernel for CUDA)

@@ -78,40 +78,6 @@ def test_group_amax_ignores_rows_past_the_end_and_counts_nan_as_inf():
     assert torch.equal(amax[0], x[:5].float().abs().amax(0))
 
 
-def _special_values(x: torch.Tensor) -> torch.Tensor:
-    flat = x.view(-1)
-    flat[3], flat[-5], flat[7], flat[11] = float("nan"), float("inf"), -(2.0**-133), 0.0  # 2^-133: a bf16 subnormal
-    return x
-
-
-@pytest.mark.interpreter
-@pytest.mark.parametrize("shape, transposed", [((5, 96), False), ((3, 40, 64), False), ((2, 48, 80), True),
-                                               ((4, 33, 16), True)])
-@pytest.mark.parametrize("small_tiles", [False, True])
-@pytest.mark.parametrize("dtype, rounding", [(torch.bfloat16, "rceil"), (torch.float32, "floor")])
-def test_triton_row_quantizer_is_bit_exact(monkeypatch, shape, transposed, small_tiles, dtype, rounding):
-    """Both layouts of the forward/input-gradient quantizer: contiguous rows, and the transposed
-    view of a contiguous [B, K, R] (a weight along N), whose data comes out contiguous. Small
-    tiles make rows longer than one load and split the strided rows over several programs."""
-    if small_tiles:
-        monkeypatch.setattr(triton_rowwise, "ROWS_ONE_LOAD", 32)
-        monkeypatch.setattr(triton_rowwise, "ROWS_LOOP_TILE", [2, 32, 1])
-        monkeypatch.setattr(triton_rowwise, "ROWS_T_TILE", [16, 16, 1])
-    x = _special_values(torch.randn(*shape, generator=torch.Generator().manual_seed(len(shape))) * 3).to(dtype)
-    if transposed:
-        x = x.transpose(-2, -1)
-    data, scales = triton_rowwise.quantize_rows(x, -1, rounding)
-    want_data, want_scales = rowwise.quantize_rows(x, -1, rounding)
-    assert data.is_contiguous()
-    assert_bitwise_equal(data, want_data.contiguous())
-    assert_bitwise_equal(scales, want_scales)
-
-
-def test_triton_row_quantizer_names_its_one_layout():
-    with pytest.raises(ValueError, match="along the last dim"):
-        triton_rowwise.quantize_rows(torch.randn(4, 32), 0)
-
-
 @pytest.mark.interpreter
 @pytest.mark.parametrize("sizes", [[300], [100, 0, 37, 119, 1], [0] * 3 + [64]])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -1,9 +1,6 @@
-"""Triton twins of the FP8-rowwise quantizers (`rowwise.py`), which Inductor runs at 0.3-0.6 of
-copy bandwidth on the H200 (benchmarks/bench_quantize.py):
-  rows        one scale per row of the last dim, as a contiguous [rows, K] or as the transpose
-              of a contiguous [B, K, R] (the weights along N of the input gradient);
-  groups      the weight-gradient operand: a segmented max over variable-size token groups
-              (torch's scatter_reduce uses atomics) and a gathered, transposed, group-padded write."""
+"""Triton twins of the FP8-rowwise weight-gradient quantizer, the one rowwise step Inductor does
+badly: a segmented max over variable-size token groups (torch's scatter_reduce uses atomics) and a
+gathered, transposed, group-padded write."""
 
 from __future__ import annotations
 
@@ -18,108 +15,11 @@ from .triton_mx import (
     pow2,
 )
 
-# (rows per program, warps) of the rows kernel for rows of at most ROWS_ONE_LOAD values, which
-# stay in registers; (rows per program, columns per load, warps) for longer rows, read twice
-ROWS_ONE_LOAD = 8192
-ROWS_TILE = [1, 4]
-ROWS_LOOP_TILE = [1, 2048, 8]
-# (rows per load, columns per program, warps) of the strided-rows kernel
-ROWS_T_TILE = [64, 64, 4]
 # (rows per program, rows per load, columns, warps) of the amax kernel and (padded tokens,
 # features per block, blocks per program, warps) of the cast kernel: best of
 # benchmarks/bench_quantize.py --sweep-rowwise
 AMAX_TILE = [256, 32, 128, 4]
 CAST_TILE = [32, 128, 8, 4]
-
-
-@triton.jit
-def _rows_kernel(
-    x_ptr, y_ptr, s_ptr, R, K, RCEIL: tl.constexpr, IN_BF16: tl.constexpr, HW_CVT: tl.constexpr,
-    BR: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr,
-):
-    """Program p: rows p*BR.. of a contiguous x[R, K]. With NK = 1 (BK >= K) each row is loaded
-    once and kept in registers; otherwise NK loads of BK columns, a first loop taking the max and
-    a second one (reading again, mostly from L2) casting. Trip counts are constexpr so that
-    Triton pipelines the loads (and the interpreter takes them)."""
-    r = tl.program_id(0) * BR + tl.arange(0, BR)
-    row = r.to(tl.int64)[:, None] * K
-    if NK == 1:
-        k = tl.arange(0, BK)
-        m = (r < R)[:, None] & (k < K)[None, :]
-        x = _load_f32(x_ptr + row + k[None, :], m, IN_BF16)
-        biased = _scale_exponent(tl.max(tl.where(x != x, float("inf"), tl.abs(x)), axis=1), RCEIL)
-        tl.store(y_ptr + row + k[None, :], _scaled_to_e4m3(x, _inv_scale(biased)[:, None], HW_CVT), mask=m)
-    else:
-        acc = tl.zeros([BR, BK], dtype=tl.float32)
-        for t in range(NK):
-            k = t * BK + tl.arange(0, BK)
-            x = _load_f32(x_ptr + row + k[None, :], (r < R)[:, None] & (k < K)[None, :], IN_BF16)
-            acc = tl.maximum(acc, tl.where(x != x, float("inf"), tl.abs(x)))
-        biased = _scale_exponent(tl.max(acc, axis=1), RCEIL)
-        inv = _inv_scale(biased)[:, None]
-        for t in range(NK):
-            k = t * BK + tl.arange(0, BK)
-            m = (r < R)[:, None] & (k < K)[None, :]
-            x = _load_f32(x_ptr + row + k[None, :], m, IN_BF16)
-            tl.store(y_ptr + row + k[None, :], _scaled_to_e4m3(x, inv, HW_CVT), mask=m)
-    tl.store(s_ptr + r, _e8m0_to_float(biased), mask=r < R)
-
-
-@triton.jit
-def _rows_t_kernel(
-    x_ptr, y_ptr, s_ptr, K, R, sx_b, sx_k, RCEIL: tl.constexpr, IN_BF16: tl.constexpr,
-    HW_CVT: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr, NK: tl.constexpr,
-):
-    """Program (b, p): rows p*BR.. of y[b] = x[b, :, :]^T, where x[b] is [K, R] with R
-    contiguous: a max down the K rows of x (a column max, loads coalesced along R), then a
-    second pass that casts and stores the tile transposed, K contiguous."""
-    b = tl.program_id(0)
-    r = tl.program_id(1) * BR + tl.arange(0, BR)
-    src = x_ptr + b.to(tl.int64) * sx_b + r[None, :]
-    acc = tl.zeros([BK, BR], dtype=tl.float32)
-    for t in range(NK):
-        k = t * BK + tl.arange(0, BK)
-        x = _load_f32(src + k.to(tl.int64)[:, None] * sx_k, (k < K)[:, None] & (r < R)[None, :], IN_BF16)
-        acc = tl.maximum(acc, tl.where(x != x, float("inf"), tl.abs(x)))
-    biased = _scale_exponent(tl.max(acc, axis=0), RCEIL)
-    inv = _inv_scale(biased)[None, :]
-    dst = y_ptr + (b.to(tl.int64) * R + r[:, None]) * K
-    for t in range(NK):
-        k = t * BK + tl.arange(0, BK)
-        m = (k < K)[:, None] & (r < R)[None, :]
-        x = _load_f32(src + k.to(tl.int64)[:, None] * sx_k, m, IN_BF16)
-        tl.store(dst + k[None, :], tl.trans(_scaled_to_e4m3(x, inv, HW_CVT)), mask=tl.trans(m))
-    tl.store(s_ptr + b * R + r, _e8m0_to_float(biased), mask=r < R)
-
-
-def quantize_rows(x: torch.Tensor, dim: int = -1, rounding: str = "rceil") -> tuple[torch.Tensor, torch.Tensor]:
-    """`rowwise.quantize_rows` along the last dim with the data contiguous, in one read of x (two
-    where a row is longer than ROWS_ONE_LOAD or x is a transposed 3-D view: a weight along N)."""
-    ref.check_float(x)
-    ref.check_rounding(rounding)
-    if dim % x.dim() != x.dim() - 1:
-        raise ValueError(f"the Triton rowwise quantizer takes rows along the last dim, got dim={dim}")
-    K = x.shape[-1]
-    data = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
-    scales = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
-    flags = dict(RCEIL=rounding == "rceil", IN_BF16=x.dtype == torch.bfloat16, HW_CVT=x.is_cuda)
-    if x.dim() == 3 and x.stride(-2) == 1 and x.stride(-1) >= x.shape[-2] and x.numel():
-        B, R, _ = x.shape  # x[b] = a contiguous [K, R] transposed: column maxima, no copy
-        bk, br, warps = ROWS_T_TILE
-        _rows_t_kernel[(B, cdiv(R, br))](
-            _bits(x), data, scales, K, R, x.stride(0), x.stride(-1), **flags, BK=bk, BR=br, NK=cdiv(K, bk), num_warps=warps,
-        )
-    elif x.numel():
-        x = x.contiguous()
-        R = x.numel() // K
-        if K <= ROWS_ONE_LOAD:
-            (br, warps), bk = ROWS_TILE, pow2(K)
-        else:
-            br, bk, warps = ROWS_LOOP_TILE
-        _rows_kernel[(cdiv(R, br),)](
-            _bits(x), data, scales, R, K, **flags, BR=br, BK=bk, NK=cdiv(K, bk), num_warps=warps,
-        )
-    return data.view(torch.float8_e4m3fn), scales
 
 
 @triton.jit

@@ -135,26 +135,12 @@ def has_fp8_grouped_mm(device: torch.device) -> bool:
 
 
 def _rowwise_kernels(device: torch.device) -> types.ModuleType:
-    """The rowwise quantizers: Triton twins on GPUs, the pure-torch contract elsewhere."""
+    """The rowwise weight-gradient quantizers: Triton twins on GPUs, the pure-torch contract elsewhere."""
     if device.type == "cuda":
         from ..kernels import triton_rowwise  # imported lazily: triton is optional off Linux
 
         return triton_rowwise
     return rowwise
-
-
-def _quantize_rows_rowwise(x, rounding):
-    """Forward and input-gradient operand of the rowwise recipe: one scale per row of the last
-    dim (`rowwise.quantize_rows`), data contiguous. An op rather than a decomposition: Inductor's
-    code for it reads long rows twice, at 0.3-0.6 of copy bandwidth (benchmarks/bench_quantize.py)."""
-    data, scales = _rowwise_kernels(x.device).quantize_rows(x, -1, rounding)
-    return data.contiguous(), scales
-
-
-quantize_rows_rowwise_op = _define(
-    "quantize_rows_rowwise", "(Tensor x, str rounding) -> (Tensor, Tensor)", _quantize_rows_rowwise,
-    lambda x, rounding: (x.new_empty(x.shape, dtype=torch.float8_e4m3fn), x.new_empty(x.shape[:-1], dtype=torch.float32)),
-)
 
 
 def _quantize_groups_rowwise(x, offs, rounding):
@@ -223,15 +209,15 @@ fp8_grouped_mm_op = _define(
 
 
 def _forward_rowwise(a_MK, b_EKN, offs, rounding):
-    a_fp8_MK, a_scales_M = quantize_rows_rowwise_op(a_MK, rounding)
-    w_fp8_ENK, w_scales_EN = quantize_rows_rowwise_op(b_EKN.transpose(-2, -1), rounding)
-    return _rowwise_gemm(a_fp8_MK, w_fp8_ENK.transpose(-2, -1), a_scales_M, w_scales_EN, offs)
+    a_fp8_MK, a_scales_M = rowwise.quantize_rows(a_MK, -1, rounding)
+    w_fp8_ENK, w_scales_EN = rowwise.quantize_rows(b_EKN.transpose(-2, -1), -1, rounding)
+    return _rowwise_gemm(a_fp8_MK.contiguous(), w_fp8_ENK.contiguous().transpose(-2, -1), a_scales_M, w_scales_EN, offs)
 
 
 def _dgrad_rowwise(grad_MN, b_EKN, offs, rounding):
-    g_fp8_MN, g_scales_M = quantize_rows_rowwise_op(grad_MN, rounding)
-    w_fp8_EKN, w_scales_EK = quantize_rows_rowwise_op(b_EKN, rounding)
-    return _rowwise_gemm(g_fp8_MN, w_fp8_EKN.transpose(-2, -1), g_scales_M, w_scales_EK, offs)
+    g_fp8_MN, g_scales_M = rowwise.quantize_rows(grad_MN, -1, rounding)
+    w_fp8_EKN, w_scales_EK = rowwise.quantize_rows(b_EKN, -1, rounding)
+    return _rowwise_gemm(g_fp8_MN.contiguous(), w_fp8_EKN.contiguous().transpose(-2, -1), g_scales_M, w_scales_EK, offs)
 
 
 def _wgrad_rowwise(grad_MN, a_MK, offs, rounding):
