@@ -142,6 +142,25 @@ def test_native_operands(g, K, rounding, seed):
         assert_bitwise_equal(a, b)
 
 
+@pytest.mark.parametrize("tiles", [{"rows": (2, 16, 3, 1), "cols": (1, 16, 3, 1), "groups": (2, 16, 3, 1)},
+                                   {"rows": (1, 32, 2, 2), "cols": (2, 32, 2, 2), "groups": (1, 16, 4, 1)}])
+def test_programs_of_several_column_tiles(monkeypatch, tiles):
+    """Programs looping over several column tiles (the last one ragged, some past the end) after
+    one group lookup: every quantizer layout still bit-exact, groups empty and unaligned."""
+    monkeypatch.setattr(tri, "TILES", tiles)
+    offs = make_offs([70, 0, 33, 1, 64])
+    x = _values((171, 80), 7, torch.bfloat16, True)
+    for got, want in ((tri.quantize_groups(x, offs), ref.quantize_groups(x, offs)),
+                      (tri.quantize_groups_blocked(x, offs)[:2], ref.quantize_groups_blocked(x, offs)[:2]),
+                      (tri.quantize_rows_blocked(x[:, :64], offs), ref.quantize_rows_blocked(x[:, :64], offs)),
+                      ([tri.quantize_dequantize_groups(x, offs)], [ref.quantize_dequantize_groups(x, offs)])):
+        for a, b in zip(got, want):
+            assert_bitwise_equal(a, b)
+    for dim, (N, K) in ((1, (80, 96)), (2, (64, 80))):  # weights [E, K, N] as views of [E, N, K], along K and N
+        w = _values((2, N, K), 8, torch.bfloat16, True).transpose(1, 2)
+        assert_bitwise_equal(tri.quantize_dequantize(w, dim), ref.quantize_dequantize(w, dim))
+
+
 def test_bad_inputs_raise():
     x = torch.randn(4, 48)
     with pytest.raises(ValueError, match="multiple of 32"):

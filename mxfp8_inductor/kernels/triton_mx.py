@@ -24,8 +24,9 @@ from . import reference as ref
 
 PLAIN, BLOCKED_COL, BLOCKED_ROW = 0, 1, 2
 _BLOCK_C = 64
-# (blocks per program, columns per program, warps), keyed by "blocks run along the contiguous dim"
-TILES = {True: (8, 16, 4), False: (2, 64, 2)}  # best of benchmarks/bench_quantize.py --sweep
+# (blocks per program, columns per tile, tiles per program, warps), keyed by where the blocks run:
+# along the contiguous dim ("rows"), across rows ("cols"), across rows in token groups ("groups")
+TILES = {"rows": (4, 32, 2, 4), "cols": (2, 64, 1, 2), "groups": (1, 64, 4, 2)}  # best of bench_quantize.py --sweep
 
 
 @triton.jit
@@ -220,21 +221,24 @@ def _mx_quant_kernel(
     HW_CVT: tl.constexpr,
     NB: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    CITERS: tl.constexpr,
 ):
     """Program (p, q, b): blocks p*NB .. p*NB+NB-1 along r (global block ids: group after group),
-    columns q*BLOCK_C .., batch b; the tile is [NB, 32, BLOCK_C]. Programs p >= n_main zero the
-    rows past the last group end (quantize_groups leaves no row unwritten)."""
+    columns q*CITERS*BLOCK_C .. in CITERS tiles of [NB, 32, BLOCK_C], batch b. The block-to-group
+    lookup is made once for all CITERS tiles (at 64 groups it costs about as much as a tile's
+    data). Programs p >= n_main zero the rows past the last group end (quantize_groups leaves no
+    row unwritten)."""
     pid = tl.program_id(0)
     b = tl.program_id(2).to(tl.int64)
-    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    c_ok = c < C
     rr = tl.arange(0, 32)
     if pid >= n_main:
         last = tl.load(r_ends_ptr + G_R - 1)
         r = last + (pid - n_main) * NB * 32 + tl.arange(0, NB)[:, None] * 32 + rr[None, :]
-        m = ((r < R)[:, :, None]) & c_ok[None, None, :]
         zero = tl.zeros([NB, 32, BLOCK_C], dtype=y_ptr.dtype.element_ty)
-        tl.store(y_ptr + b * sy_b + r[:, :, None] * sy_r + c[None, None, :] * sy_c, zero, mask=m)
+        for t in range(CITERS):
+            c = (tl.program_id(1) * CITERS + t) * BLOCK_C + tl.arange(0, BLOCK_C)
+            m = ((r < R)[:, :, None]) & (c < C)[None, None, :]
+            tl.store(y_ptr + b * sy_b + r[:, :, None] * sy_r + c[None, None, :] * sy_c, zero, mask=m)
     else:
         jb = pid * NB + tl.arange(0, NB)
         if GROUPED:
@@ -249,29 +253,35 @@ def _mx_quant_kernel(
             g = (jb * 32 >= R).to(tl.int32)  # the one group, or 1: past the end
             g_end = jb * 0 + R
             r = jb[:, None] * 32 + rr[None, :]
-        m = (r < g_end[:, None])[:, :, None] & c_ok[None, None, :]
-        x = _load_f32(x_ptr + b * sx_b + r[:, :, None] * sx_r + c[None, None, :] * sx_c, m, IN_BF16)
-
-        # NaN counts as inf, so amax == inf marks every non-finite block
-        ax = tl.abs(x)
-        amax = tl.max(tl.where(ax != ax, float("inf"), ax), axis=1)
-        biased = _scale_exponent(amax, RCEIL)
-        inv = _inv_scale(biased)
-        q8 = _scaled_to_e4m3(x, inv[:, None, :], HW_CVT)
-
+        r_ok = r < g_end[:, None]
         if PAD_Y:
-            r = r + (tl.load(y_starts_ptr + g, mask=g < G_R, other=0) - row0)[:, None]
-        y_offs = b * sy_b + r[:, :, None] * sy_r + c[None, None, :] * sy_c
-        if DEQUANT:
-            y = _e4m3_decode(q8, HW_CVT) * _e8m0_to_float(biased)[:, None, :]
-            _store_f32(y_ptr + y_offs, y, m, OUT_BF16, HW_CVT)
+            r_y = r + (tl.load(y_starts_ptr + g, mask=g < G_R, other=0) - row0)[:, None]
         else:
-            tl.store(y_ptr + y_offs, q8, mask=m)
-            s_offs, s_ok = _scale_offsets(
-                b, c, jb, ss_b, ss_blk, ss_c, s_ends_ptr, G_S, GP_S, s_starts_ptr, Hp, Wp, SCALE_MODE
-            )
-            s_ok = s_ok & c_ok[None, :] & (g < G_R)[:, None]
-            tl.store(s_ptr + s_offs, biased.to(tl.uint8), mask=s_ok)
+            r_y = r
+        for t in range(CITERS):
+            c = (tl.program_id(1) * CITERS + t) * BLOCK_C + tl.arange(0, BLOCK_C)
+            c_ok = c < C
+            m = r_ok[:, :, None] & c_ok[None, None, :]
+            x = _load_f32(x_ptr + b * sx_b + r[:, :, None] * sx_r + c[None, None, :] * sx_c, m, IN_BF16)
+
+            # NaN counts as inf, so amax == inf marks every non-finite block
+            ax = tl.abs(x)
+            amax = tl.max(tl.where(ax != ax, float("inf"), ax), axis=1)
+            biased = _scale_exponent(amax, RCEIL)
+            inv = _inv_scale(biased)
+            q8 = _scaled_to_e4m3(x, inv[:, None, :], HW_CVT)
+
+            y_offs = b * sy_b + r_y[:, :, None] * sy_r + c[None, None, :] * sy_c
+            if DEQUANT:
+                y = _e4m3_decode(q8, HW_CVT) * _e8m0_to_float(biased)[:, None, :]
+                _store_f32(y_ptr + y_offs, y, m, OUT_BF16, HW_CVT)
+            else:
+                tl.store(y_ptr + y_offs, q8, mask=m)
+                s_offs, s_ok = _scale_offsets(
+                    b, c, jb, ss_b, ss_blk, ss_c, s_ends_ptr, G_S, GP_S, s_starts_ptr, Hp, Wp, SCALE_MODE
+                )
+                s_ok = s_ok & c_ok[None, :] & (g < G_R)[:, None]
+                tl.store(s_ptr + s_offs, biased.to(tl.uint8), mask=s_ok)
 
 
 @triton.jit
@@ -368,7 +378,7 @@ def _launch_quant(
             raise ValueError(f"block dim of size {R} is not a multiple of {ref.BLOCK}")
         r_ends = _one_group(R, dev)
     G_R = r_ends.numel()
-    NB, BLOCK_C, warps = TILES[x3.stride(1) == 1]
+    NB, BLOCK_C, citers, warps = TILES["rows" if x3.stride(1) == 1 else "groups" if grouped else "cols"]
     n_main = cdiv(ref.group_scale_rows(R, G_R) if grouped else R // 32, NB)
     # extra programs zero the rows past the last group end (none when the data is pre-zeroed)
     n_tail = cdiv(R, 32 * NB) if grouped and y_starts is None else 0
@@ -380,14 +390,14 @@ def _launch_quant(
         scale_buf, strides = y3, (0, 0, 0)  # unused (dequantize mode)
     else:
         strides = s3.stride() if s3 is not None else (0, 0, 0)
-    grid = (n_main + n_tail, cdiv(C, BLOCK_C), B)
+    grid = (n_main + n_tail, cdiv(C, BLOCK_C * citers), B)
     in_bf16, out_bf16 = x3.dtype == torch.bfloat16, y3.dtype == torch.bfloat16
     _mx_quant_kernel[grid](
         _bits(x3), *x3.stride(), _bits(y3), *y3.stride(), scale_buf, *strides, R, C, n_main,
         r_ends, G_R, pow2(G_R), y_starts if y_starts is not None else r_ends,
         s_ends, s_starts, s_ends.numel(), pow2(s_ends.numel()), Hp, Wp,
         RCEIL=rounding == "rceil", DEQUANT=dequant, SCALE_MODE=scale_mode, PAD_Y=y_starts is not None, GROUPED=grouped,
-        IN_BF16=in_bf16, OUT_BF16=out_bf16, HW_CVT=x3.is_cuda, NB=NB, BLOCK_C=BLOCK_C, num_warps=warps,
+        IN_BF16=in_bf16, OUT_BF16=out_bf16, HW_CVT=x3.is_cuda, NB=NB, BLOCK_C=BLOCK_C, CITERS=citers, num_warps=warps,
     )
 
 
