@@ -25,7 +25,8 @@ from . import reference as ref
 PLAIN, BLOCKED_COL, BLOCKED_ROW = 0, 1, 2
 _BLOCK_C = 64
 # (blocks per program, columns per tile, tiles per program, warps), keyed by where the blocks run:
-# along the contiguous dim ("rows"), across rows ("cols"), across rows in token groups ("groups")
+# along the contiguous dim ("rows"), across rows ("cols"), across rows in several token groups
+# ("groups", where fewer, longer programs pay for the block-to-group lookup)
 TILES = {"rows": (4, 32, 2, 4), "cols": (2, 64, 1, 2), "groups": (1, 64, 4, 2)}  # best of bench_quantize.py --sweep
 
 
@@ -378,7 +379,8 @@ def _launch_quant(
             raise ValueError(f"block dim of size {R} is not a multiple of {ref.BLOCK}")
         r_ends = _one_group(R, dev)
     G_R = r_ends.numel()
-    NB, BLOCK_C, citers, warps = TILES["rows" if x3.stride(1) == 1 else "groups" if grouped else "cols"]
+    # one group needs no lookup: it takes the tile of plain rows
+    NB, BLOCK_C, citers, warps = TILES["rows" if x3.stride(1) == 1 else "groups" if G_R > 1 else "cols"]
     n_main = cdiv(ref.group_scale_rows(R, G_R) if grouped else R // 32, NB)
     # extra programs zero the rows past the last group end (none when the data is pre-zeroed)
     n_tail = cdiv(R, 32 * NB) if grouped and y_starts is None else 0
