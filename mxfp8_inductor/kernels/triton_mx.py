@@ -27,7 +27,7 @@ _BLOCK_C = 64
 # (blocks per program, columns per tile, tiles per program, warps), keyed by where the blocks run:
 # along the contiguous dim ("rows"), across rows ("cols"), across rows in several token groups
 # ("groups", where fewer, longer programs pay for the block-to-group lookup)
-TILES = {"rows": (4, 32, 2, 4), "cols": (2, 64, 1, 2), "groups": (1, 64, 4, 2)}  # best of bench_quantize.py --sweep
+TILES = {"rows": (8, 16, 1, 4), "cols": (2, 64, 1, 2), "groups": (1, 64, 4, 2)}  # best of bench_quantize.py --sweep
 
 
 @triton.jit
