@@ -14,7 +14,8 @@ from mxfp8_inductor.kernels import triton_mx as tri  # noqa: E402
 from shapes import SHAPES, TOKENS, uneven_counts  # noqa: E402
 
 dev = "cuda" if torch.cuda.is_available() else "cpu"
-src = torch.empty(1 << 28, dtype=torch.bfloat16, device=dev); dst = torch.empty_like(src)
+src = torch.empty(1 << 28, dtype=torch.bfloat16, device=dev)
+dst = torch.empty_like(src)
 copy = 2 * src.numel() * 2 / do_bench(lambda: dst.copy_(src), return_mode="median") / 1e6
 probs = {}
 for name, (E, D, F) in SHAPES.items():

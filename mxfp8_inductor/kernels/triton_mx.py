@@ -26,7 +26,7 @@ PLAIN, BLOCKED_COL, BLOCKED_ROW = 0, 1, 2
 _BLOCK_C = 64
 # (blocks per program, columns per tile, tiles per program, warps), keyed by where the blocks run:
 # along the contiguous dim ("rows"), across rows ("cols"), across rows in several token groups
-# ("groups", where fewer, longer programs pay for the block-to-group lookup)
+# ("groups": a block may start anywhere, so one block per program, several tiles per lookup)
 TILES = {"rows": (8, 16, 1, 4), "cols": (2, 64, 1, 2), "groups": (1, 64, 4, 2)}  # best of bench_quantize.py --sweep
 
 
@@ -225,10 +225,9 @@ def _mx_quant_kernel(
     CITERS: tl.constexpr,
 ):
     """Program (p, q, b): blocks p*NB .. p*NB+NB-1 along r (global block ids: group after group),
-    columns q*CITERS*BLOCK_C .. in CITERS tiles of [NB, 32, BLOCK_C], batch b. The block-to-group
-    lookup is made once for all CITERS tiles (at 64 groups it costs about as much as a tile's
-    data). Programs p >= n_main zero the rows past the last group end (quantize_groups leaves no
-    row unwritten)."""
+    columns q*CITERS*BLOCK_C .. in CITERS tiles of [NB, 32, BLOCK_C], batch b; the block-to-group
+    lookup is made once for all CITERS tiles. Programs p >= n_main zero the rows past the last
+    group end (quantize_groups leaves no row unwritten)."""
     pid = tl.program_id(0)
     b = tl.program_id(2).to(tl.int64)
     rr = tl.arange(0, 32)
@@ -379,7 +378,7 @@ def _launch_quant(
             raise ValueError(f"block dim of size {R} is not a multiple of {ref.BLOCK}")
         r_ends = _one_group(R, dev)
     G_R = r_ends.numel()
-    # one group needs no lookup: it takes the tile of plain rows
+    # a single group has no lookup to share across tiles: it takes the "cols" tile
     NB, BLOCK_C, citers, warps = TILES["rows" if x3.stride(1) == 1 else "groups" if G_R > 1 else "cols"]
     n_main = cdiv(ref.group_scale_rows(R, G_R) if grouped else R // 32, NB)
     # extra programs zero the rows past the last group end (none when the data is pre-zeroed)
