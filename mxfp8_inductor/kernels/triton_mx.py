@@ -26,7 +26,7 @@ PLAIN, BLOCKED_COL, BLOCKED_ROW = 0, 1, 2
 _BLOCK_C = 64
 # (blocks per program, columns per tile, tiles per program, warps), keyed by where the blocks run:
 # along the contiguous dim ("rows"), across rows ("cols"), across rows in several token groups
-# ("groups": a block may start anywhere, so one block per program, several tiles per lookup)
+# ("groups": one block per program, several column tiles per block-to-group lookup)
 TILES = {"rows": (8, 16, 1, 4), "cols": (2, 64, 1, 2), "groups": (1, 64, 4, 2)}  # best of bench_quantize.py --sweep
 
 
