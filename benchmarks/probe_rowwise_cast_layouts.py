@@ -22,7 +22,7 @@ sys.path.insert(0, ".")
 sys.path.insert(0, "benchmarks")
 from mxfp8_inductor.kernels import rowwise, triton_rowwise as tr  # noqa: E402
 from mxfp8_inductor.kernels.triton_mx import (  # noqa: E402
-    _bits, _find, _groups, _inv_scale, _load_f32, _pick, _scale_exponent, _scaled_to_e4m3, cdiv, pow2,
+    _bits, _inv_scale, _load_f32, _scale_exponent, _scaled_to_e4m3, cdiv, pow2,
 )
 from shapes import TOKENS, uneven_counts  # noqa: E402
 
@@ -31,11 +31,7 @@ from shapes import TOKENS, uneven_counts  # noqa: E402
 def _cast_probe_kernel(x_ptr, sx_m, offs_ptr, amax_ptr, y_ptr, K, Mp, G: tl.constexpr, GP: tl.constexpr, ALIGN: tl.constexpr,
        BM: tl.constexpr, BK: tl.constexpr, KITERS: tl.constexpr, MODE: tl.constexpr):
     j = tl.program_id(0) * BM + tl.arange(0, BM)
-    starts, ends, chunk_ends = _groups(offs_ptr, G, GP, ALIGN)
-    g = _find(chunk_ends, G, j // ALIGN)
-    start, end = _pick(starts, g), _pick(ends, g)
-    src = start + j - (_pick(chunk_ends, g) - (end - start + ALIGN - 1) // ALIGN) * ALIGN
-    row_ok = (g < G) & (src < end)
+    g, src, row_ok, _ = tr._padded_token_source(offs_ptr, j, G, GP, ALIGN)
     x_row = x_ptr + src.to(tl.int64) * sx_m
     g_lo = tl.minimum(tl.min(g, 0), G - 1)
     g_hi = tl.minimum(tl.max(g, 0), G - 1)

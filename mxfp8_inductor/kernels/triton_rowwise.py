@@ -68,6 +68,18 @@ def group_amax(x_MK: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def _padded_token_source(offs_ptr, j, G: tl.constexpr, GP: tl.constexpr, ALIGN: tl.constexpr):
+    """For padded token columns j of a weight-gradient operand (each group's tokens padded to a
+    multiple of ALIGN): the group of each (G past the last), its source row in x, whether that
+    row holds a token (not padding), and every group's padded end in units of ALIGN."""
+    starts, ends, chunk_ends = _groups(offs_ptr, G, GP, ALIGN)
+    g = _find(chunk_ends, G, j // ALIGN)
+    start, end = _pick(starts, g), _pick(ends, g)
+    src = start + j - (_pick(chunk_ends, g) - (end - start + ALIGN - 1) // ALIGN) * ALIGN
+    return g, src, (g < G) & (src < end), chunk_ends
+
+
+@triton.jit
 def _cast_groups_t_kernel(
     x_ptr, sx_m, offs_ptr, amax_ptr, y_ptr, scales_ptr, pends_ptr, K, Mp,
     G: tl.constexpr, GP: tl.constexpr, ALIGN: tl.constexpr, RCEIL: tl.constexpr, IN_BF16: tl.constexpr,
@@ -80,11 +92,7 @@ def _cast_groups_t_kernel(
     of their features, program (0, 0) the padded group ends: the whole operand comes from this
     kernel and the amax one, with no host ops between them."""
     j = tl.program_id(0) * BM + tl.arange(0, BM)
-    starts, ends, chunk_ends = _groups(offs_ptr, G, GP, ALIGN)
-    g = _find(chunk_ends, G, j // ALIGN)
-    start, end = _pick(starts, g), _pick(ends, g)
-    src = start + j - (_pick(chunk_ends, g) - (end - start + ALIGN - 1) // ALIGN) * ALIGN
-    row_ok = (g < G) & (src < end)
+    g, src, row_ok, chunk_ends = _padded_token_source(offs_ptr, j, G, GP, ALIGN)
     x_row = x_ptr + src.to(tl.int64) * sx_m
     # g is non-decreasing along j: a tile meeting at most two groups (the usual case) takes their
     # two scale rows as vectors instead of a scale per element
