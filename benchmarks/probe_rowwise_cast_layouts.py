@@ -42,7 +42,7 @@ def _cast_probe_kernel(x_ptr, sx_m, offs_ptr, amax_ptr, y_ptr, K, Mp, G: tl.cons
         inv_hi = _inv_scale(_scale_exponent(tl.load(amax_ptr + g_hi * K + k, mask=k_ok, other=0.0), True))
         if MODE == 0:  # transpose fp8 bytes
             m = row_ok[:, None] & k_ok[None, :]
-            x = _load_f32(x_row[:, None] + k[None, :], m, True)
+            x = _load_f32(x_row[:, None] + k[None, :], m)
             inv = tl.where((g <= g_lo)[:, None], inv_lo[None, :], inv_hi[None, :])
             q8 = tl.where(m, _scaled_to_e4m3(x, inv, True), 0)
             tl.store(y_ptr + k.to(tl.int64)[:, None] * Mp + j[None, :], tl.trans(q8), mask=k_ok[:, None] & (j < Mp)[None, :])
@@ -55,13 +55,13 @@ def _cast_probe_kernel(x_ptr, sx_m, offs_ptr, amax_ptr, y_ptr, K, Mp, G: tl.cons
             tl.store(y_ptr + k.to(tl.int64)[:, None] * Mp + j[None, :], q8, mask=k_ok[:, None] & (j < Mp)[None, :])
         elif MODE == 2:  # pointers laid out transposed, no explicit trans
             m = k_ok[:, None] & row_ok[None, :]
-            x = _load_f32(x_row[None, :] + k[:, None], m, True)
+            x = _load_f32(x_row[None, :] + k[:, None], m)
             inv = tl.where((g <= g_lo)[None, :], inv_lo[:, None], inv_hi[:, None])
             q8 = tl.where(m, _scaled_to_e4m3(x, inv, True), 0)
             tl.store(y_ptr + k.to(tl.int64)[:, None] * Mp + j[None, :], q8, mask=k_ok[:, None] & (j < Mp)[None, :])
         else:  # pack 4 tokens per int32 word, transpose words
             m = row_ok[:, None] & k_ok[None, :]
-            x = _load_f32(x_row[:, None] + k[None, :], m, True)
+            x = _load_f32(x_row[:, None] + k[None, :], m)
             inv = tl.where((g <= g_lo)[:, None], inv_lo[None, :], inv_hi[None, :])
             q8 = tl.where(m, _scaled_to_e4m3(x, inv, True), 0)
             w = tl.reshape(q8.to(tl.int32), [BM // 4, 4, BK])

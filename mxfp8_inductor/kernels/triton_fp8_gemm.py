@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_mx import _e4m3_decode, _find, _groups, _pick, _store_f32, cdiv, pow2
+from .triton_mx import _e4m3_decode, _find, _groups, _bits, _pick, _store_f32, cdiv, pow2
 
 F8 = torch.float8_e4m3fn
 
@@ -170,11 +170,11 @@ def scaled_grouped_mm(
     out = torch.empty((M, N), dtype=torch.bfloat16, device=a.device)
     if out.numel() == 0:
         return out
-    a8, b8, out16 = a.view(torch.uint8), b.view(torch.uint8), out.view(torch.int16)
+    a8, b8 = a.view(torch.uint8), b.view(torch.uint8)
     grid = lambda c: ((cdiv(M, c["BM"]) + E) * cdiv(N, c["BN"]),)
     _launch(
         _gemm_2d3d_kernel, _gemm_2d3d_tuned, (N, K), grid,
-        a8, a8.stride(0), b8, b8.stride(0), b8.stride(2), scale_a.contiguous(), scale_b.contiguous(), out16, offs,
+        a8, a8.stride(0), b8, b8.stride(0), b8.stride(2), scale_a.contiguous(), scale_b.contiguous(), _bits(out), offs,
         M, N, K, E=E, EP=pow2(E), HW_CVT=a.is_cuda,
     )
     return out

@@ -43,7 +43,12 @@ def _groups(ends_ptr, G: tl.constexpr, GP: tl.constexpr, UNIT: tl.constexpr):
     i = tl.arange(0, GP)
     end = tl.load(ends_ptr + i, mask=i < G, other=0)
     start = tl.load(ends_ptr + i - 1, mask=(i > 0) & (i < G), other=0)
-    return start, end, tl.cumsum((end - start + UNIT - 1) // UNIT, 0)
+    return start, end, _unit_ends(start, end, UNIT)
+
+
+@triton.jit
+def _unit_ends(start, end, UNIT: tl.constexpr):
+    return tl.cumsum((end - start + UNIT - 1) // UNIT, 0)
 
 
 @triton.jit
@@ -86,21 +91,22 @@ def _inv_scale(biased):
 
 
 @triton.jit
-def _load_f32(ptr, mask, IN_BF16: tl.constexpr):
-    """Load bf16 (passed as int16 bits) or fp32 as fp32; bf16 widens by a shift, so subnormals
-    survive on every backend (the interpreter flushes them in a bf16 -> fp32 cast)."""
-    if IN_BF16:
+def _load_f32(ptr, mask):
+    """Load bf16 or fp32 as fp32. bf16 bits (int16 pointers, see `_bits`) widen by a shift: the
+    interpreter flushes subnormals in a bf16 -> fp32 cast."""
+    if ptr.dtype.element_ty == tl.int16:
         x = (tl.load(ptr, mask=mask, other=0).to(tl.int32) << 16).to(tl.float32, bitcast=True)
     else:
-        x = tl.load(ptr, mask=mask, other=0.0)
+        x = tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
     return x
 
 
 @triton.jit
 def _store_f32(ptr, y, mask, OUT_BF16: tl.constexpr, HW_CVT: tl.constexpr):
-    """Store fp32 as fp32, or as bf16 bits (int16 pointer) rounded to nearest even."""
+    """Store fp32 as fp32, or as bf16 rounded to nearest even: by the hardware cast (bf16 pointer)
+    or in integer math (int16 pointer to the bits, for the interpreter; see `_bits`)."""
     if OUT_BF16 and HW_CVT:
-        tl.store(ptr, y.to(tl.bfloat16).to(tl.int16, bitcast=True), mask=mask)
+        tl.store(ptr, y.to(tl.bfloat16), mask=mask)
     elif OUT_BF16:
         bits = y.to(tl.int32, bitcast=True)
         u = bits & 0x7FFFFFFF
@@ -217,7 +223,6 @@ def _mx_quant_kernel(
     SCALE_MODE: tl.constexpr,
     PAD_Y: tl.constexpr,
     GROUPED: tl.constexpr,
-    IN_BF16: tl.constexpr,
     OUT_BF16: tl.constexpr,
     HW_CVT: tl.constexpr,
     NB: tl.constexpr,
@@ -232,7 +237,7 @@ def _mx_quant_kernel(
     b = tl.program_id(2).to(tl.int64)
     rr = tl.arange(0, 32)
     if pid >= n_main:
-        last = tl.load(r_ends_ptr + G_R - 1)
+        last = tl.load(r_ends_ptr + G_R - 1).to(tl.int32)  # (a dummy pointer of any type when ungrouped)
         r = last + (pid - n_main) * NB * 32 + tl.arange(0, NB)[:, None] * 32 + rr[None, :]
         zero = tl.zeros([NB, 32, BLOCK_C], dtype=y_ptr.dtype.element_ty)
         for t in range(CITERS):
@@ -242,7 +247,12 @@ def _mx_quant_kernel(
     else:
         jb = pid * NB + tl.arange(0, NB)
         if GROUPED:
-            starts, ends, blk_ends = _groups(r_ends_ptr, G_R, GP_R, 32)
+            # `_groups` inlined: torch's mutation analysis of kernels traced through wrap_triton
+            # counts a pointer given to a helper whose result addresses a store as written
+            i = tl.arange(0, GP_R)
+            ends = tl.load(r_ends_ptr + i, mask=i < G_R, other=0)
+            starts = tl.load(r_ends_ptr + i - 1, mask=(i > 0) & (i < G_R), other=0)
+            blk_ends = _unit_ends(starts, ends, 32)
             g = _find(blk_ends, G_R, jb)
             row0 = _pick(starts, g)
             g_end = _pick(ends, g)
@@ -262,7 +272,7 @@ def _mx_quant_kernel(
             c = (tl.program_id(1) * CITERS + t) * BLOCK_C + tl.arange(0, BLOCK_C)
             c_ok = c < C
             m = r_ok[:, :, None] & c_ok[None, None, :]
-            x = _load_f32(x_ptr + b * sx_b + r[:, :, None] * sx_r + c[None, None, :] * sx_c, m, IN_BF16)
+            x = _load_f32(x_ptr + b * sx_b + r[:, :, None] * sx_r + c[None, None, :] * sx_c, m)
 
             # NaN counts as inf, so amax == inf marks every non-finite block
             ax = tl.abs(x)
@@ -344,8 +354,9 @@ def _view3(x: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
-    """bf16 tensors travel as int16 bits (see `_load_f32`)."""
-    return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+    """bf16 tensors travel to the interpreter as int16 bits (see `_load_f32`, `_store_f32`); GPUs
+    take them as they are (a traced kernel then gets the graph's tensor, not a view to make)."""
+    return t.view(torch.int16) if t.dtype == torch.bfloat16 and not t.is_cuda else t
 
 
 @functools.lru_cache(maxsize=256)
@@ -366,39 +377,42 @@ def _launch_quant(
     r_ends: torch.Tensor | None = None, y_starts: torch.Tensor | None = None,
     s_ends: torch.Tensor | None = None, s_starts: torch.Tensor | None = None,
     Hp: int = 0, Wp: int = 0, scale_buf: torch.Tensor | None = None,
+    bases: tuple[torch.Tensor, torch.Tensor] | None = None, traced: bool = False,
 ) -> None:
+    """Launch `_mx_quant_kernel` on the views x3 -> y3. bases: the tensors x3 and y3 view (same
+    first element), given to the kernel with the views' strides. traced: launch through
+    `wrap_triton`, so that a graph being traced for Inductor records the kernel, which Inductor
+    then launches from its own code; that code rebuilds every view argument per call, so a
+    traced launch takes bases."""
     ref.check_rounding(rounding)
     B, R, C = x3.shape
     if x3.numel() == 0:
         return
-    dev = x3.device
+    x, y = (_bits(t) for t in bases or (x3, y3))
     grouped = r_ends is not None
-    if not grouped:
-        if R % ref.BLOCK:
-            raise ValueError(f"block dim of size {R} is not a multiple of {ref.BLOCK}")
-        r_ends = _one_group(R, dev)
-    G_R = r_ends.numel()
+    if not grouped and R % ref.BLOCK:
+        raise ValueError(f"block dim of size {R} is not a multiple of {ref.BLOCK}")
+    G_R = r_ends.numel() if grouped else 1
     # a single group has no lookup to share across tiles: it takes the "cols" tile
     NB, BLOCK_C, citers, warps = TILES["rows" if x3.stride(1) == 1 else "groups" if G_R > 1 else "cols"]
     n_main = cdiv(ref.group_scale_rows(R, G_R) if grouped else R // 32, NB)
     # extra programs zero the rows past the last group end (none when the data is pre-zeroed)
     n_tail = cdiv(R, 32 * NB) if grouped and y_starts is None else 0
-    if s_ends is None:
-        s_ends = _block_ends(r_ends) if scale_mode == BLOCKED_COL else _one_group(C, dev)
-    if s_starts is None:
-        s_starts = _one_group(0, dev)
-    if scale_buf is None:
-        scale_buf, strides = y3, (0, 0, 0)  # unused (dequantize mode)
-    else:
-        strides = s3.stride() if s3 is not None else (0, 0, 0)
+    if s_ends is None and scale_mode != PLAIN:
+        s_ends = _block_ends(r_ends) if scale_mode == BLOCKED_COL else _one_group(C, x3.device)
+    if s_starts is None and scale_mode != PLAIN:
+        s_starts = _one_group(0, x3.device)
+    G_S = s_ends.numel() if s_ends is not None else 1
     grid = (n_main + n_tail, cdiv(C, BLOCK_C * citers), B)
-    in_bf16, out_bf16 = x3.dtype == torch.bfloat16, y3.dtype == torch.bfloat16
-    _mx_quant_kernel[grid](
-        _bits(x3), *x3.stride(), _bits(y3), *y3.stride(), scale_buf, *strides, R, C, n_main,
-        r_ends, G_R, pow2(G_R), y_starts if y_starts is not None else r_ends,
-        s_ends, s_starts, s_ends.numel(), pow2(s_ends.numel()), Hp, Wp,
+    kernel = torch.library.wrap_triton(_mx_quant_kernel) if traced else _mx_quant_kernel
+    # pointers the kernel never reads in this mode get y (an int32 load from it is never traced)
+    kernel[grid](
+        x, *x3.stride(), y, *y3.stride(), y if scale_buf is None else scale_buf,
+        *(s3.stride() if s3 is not None else (0, 0, 0)), R, C, n_main,
+        r_ends if grouped else y, G_R, pow2(G_R), y if y_starts is None else y_starts,
+        y if s_ends is None else s_ends, y if s_starts is None else s_starts, G_S, pow2(G_S), Hp, Wp,
         RCEIL=rounding == "rceil", DEQUANT=dequant, SCALE_MODE=scale_mode, PAD_Y=y_starts is not None, GROUPED=grouped,
-        IN_BF16=in_bf16, OUT_BF16=out_bf16, HW_CVT=x3.is_cuda, NB=NB, BLOCK_C=BLOCK_C, CITERS=citers, num_warps=warps,
+        OUT_BF16=y3.dtype == torch.bfloat16, HW_CVT=x3.is_cuda, NB=NB, BLOCK_C=BLOCK_C, CITERS=citers, num_warps=warps,
     )
 
 
@@ -418,15 +432,16 @@ def quantize(x: torch.Tensor, dim: int = -1, rounding: str = "rceil") -> tuple[t
 
 
 def quantize_dequantize(
-    x: torch.Tensor, dim: int = -1, rounding: str = "rceil", dtype: torch.dtype | None = None
+    x: torch.Tensor, dim: int = -1, rounding: str = "rceil", dtype: torch.dtype | None = None, *, traced: bool = False
 ) -> torch.Tensor:
-    """Fused dequantize(quantize(x)) in one pass; the output keeps x's strides when x is dense."""
+    """Fused dequantize(quantize(x)) in one pass; the output keeps x's strides when x is dense.
+    traced: see `_launch_quant`."""
     ref.check_float(x)
     dim = dim % x.dim()
     if x.shape[dim] % ref.BLOCK:
         raise ValueError(f"dim {dim} of shape {tuple(x.shape)} must be a multiple of {ref.BLOCK}")
     y = torch.empty_like(x, dtype=dtype or x.dtype)  # x's memory layout: coalesced writes
-    _launch_quant(_view3(x, dim), _view3(y, dim), rounding, dequant=True)
+    _launch_quant(_view3(x, dim), _view3(y, dim), rounding, dequant=True, bases=(x, y), traced=traced)
     return y
 
 
@@ -471,12 +486,14 @@ def quantize_groups(
 
 
 def quantize_dequantize_groups(
-    x_MK: torch.Tensor, offs: torch.Tensor, rounding: str = "rceil", dtype: torch.dtype | None = None
+    x_MK: torch.Tensor, offs: torch.Tensor, rounding: str = "rceil", dtype: torch.dtype | None = None,
+    *, traced: bool = False,
 ) -> torch.Tensor:
-    """Fused per-group quantize-dequantize along the tokens; rows past offs[-1] are 0."""
+    """Fused per-group quantize-dequantize along the tokens; rows past offs[-1] are 0.
+    traced: see `_launch_quant`."""
     _check_groups(x_MK, offs)
     y = torch.empty(x_MK.shape, dtype=dtype or x_MK.dtype, device=x_MK.device)
-    _launch_quant(x_MK.unsqueeze(0), y.unsqueeze(0), rounding, dequant=True, r_ends=offs)
+    _launch_quant(x_MK.unsqueeze(0), y.unsqueeze(0), rounding, dequant=True, r_ends=offs, bases=(x_MK, y), traced=traced)
     return y
 
 

@@ -24,7 +24,7 @@ CAST_TILE = [32, 128, 8, 4]
 
 @triton.jit
 def _group_amax_kernel(
-    x_ptr, sx_m, offs_ptr, out_ptr, K, G: tl.constexpr, GP: tl.constexpr, IN_BF16: tl.constexpr,
+    x_ptr, sx_m, offs_ptr, out_ptr, K, G: tl.constexpr, GP: tl.constexpr,
     CHUNK: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
 ):
     """Program (c, q): columns q*BK.. of rows c*CHUNK.., split where groups end; each group's
@@ -46,7 +46,7 @@ def _group_amax_kernel(
         for t in range(CHUNK // BM):
             r = c + t * BM + tl.arange(0, BM)
             m = ((r >= r0) & (r < r1))[:, None] & (k < K)[None, :]
-            ax = tl.abs(_load_f32(x_ptr + r.to(tl.int64)[:, None] * sx_m + k[None, :], m, IN_BF16))
+            ax = tl.abs(_load_f32(x_ptr + r.to(tl.int64)[:, None] * sx_m + k[None, :], m))
             acc = tl.maximum(acc, tl.where(ax != ax, float("inf"), ax))
         tl.atomic_max(out_ptr + g * K + k, tl.max(acc, axis=0).to(tl.int32, bitcast=True), mask=k < K)
         r0 = r1
@@ -62,7 +62,7 @@ def group_amax(x_MK: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     chunk, bm, bk, warps = AMAX_TILE
     _group_amax_kernel[(cdiv(M, chunk), cdiv(K, bk))](
         _bits(x_MK), x_MK.stride(0), offs, out, K, G=G, GP=pow2(G),
-        IN_BF16=x_MK.dtype == torch.bfloat16, CHUNK=chunk, BM=bm, BK=bk, num_warps=warps,
+        CHUNK=chunk, BM=bm, BK=bk, num_warps=warps,
     )
     return out.view(torch.float32)
 
@@ -82,7 +82,7 @@ def _padded_token_source(offs_ptr, j, G: tl.constexpr, GP: tl.constexpr, ALIGN: 
 @triton.jit
 def _cast_groups_t_kernel(
     x_ptr, sx_m, offs_ptr, amax_ptr, y_ptr, scales_ptr, pends_ptr, K, Mp,
-    G: tl.constexpr, GP: tl.constexpr, ALIGN: tl.constexpr, RCEIL: tl.constexpr, IN_BF16: tl.constexpr,
+    G: tl.constexpr, GP: tl.constexpr, ALIGN: tl.constexpr, RCEIL: tl.constexpr,
     HW_CVT: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, KITERS: tl.constexpr,
 ):
     """Program (p, q): padded token columns p*BM.. and features q*KITERS*BK.. of y[K, Mp], BK
@@ -103,7 +103,7 @@ def _cast_groups_t_kernel(
         k = (tl.program_id(1) * KITERS + t) * BK + tl.arange(0, BK)
         k_ok = k < K
         m = row_ok[:, None] & k_ok[None, :]
-        x = _load_f32(x_row[:, None] + k[None, :], m, IN_BF16)
+        x = _load_f32(x_row[:, None] + k[None, :], m)
         if g_hi - g_lo <= 1:
             inv_lo = _inv_scale(_scale_exponent(tl.load(amax_ptr + g_lo * K + k, mask=k_ok, other=0.0), RCEIL))
             inv_hi = _inv_scale(_scale_exponent(tl.load(amax_ptr + g_hi * K + k, mask=k_ok, other=0.0), RCEIL))
@@ -144,6 +144,6 @@ def quantize_groups(
     _cast_groups_t_kernel[(cdiv(Mp, bm), cdiv(K, bk * kiters))](
         _bits(x_MK), x_MK.stride(0), offs, amax_GK, data_KMp, scales_GK, pends, K, Mp,
         G=G, GP=pow2(G), ALIGN=rowwise.ALIGN, RCEIL=rounding == "rceil",
-        IN_BF16=x_MK.dtype == torch.bfloat16, HW_CVT=x_MK.is_cuda, BM=bm, BK=bk, KITERS=kiters, num_warps=warps,
+        HW_CVT=x_MK.is_cuda, BM=bm, BK=bk, KITERS=kiters, num_warps=warps,
     )
     return data_KMp.view(torch.float8_e4m3fn), scales_GK, pends
