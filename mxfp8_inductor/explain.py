@@ -11,7 +11,6 @@ import torch
 import torch.utils._pytree as pytree
 
 from .config import MXFP8Config
-from .lowering import ops
 from .patterns import registry
 from .patterns.rewrite import SiteReport, rewrite
 
@@ -91,14 +90,13 @@ def explain(model: torch.nn.Module, *args: Any, options: dict[str, Any] | None =
     torch._dynamo.reset()
     breaks_before = _graph_breaks()
     try:
-        with ops.gemm_ops_kept():  # the report shows one GEMM op per role
-            out = torch.compile(model, backend=backend)(*args, **kwargs)
-            leaves = [t for t in pytree.tree_leaves(out)
-                      if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point()]
-            inputs = [p for p in model.parameters() if p.requires_grad]
-            inputs += [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.requires_grad]
-            if leaves and inputs:
-                torch.autograd.grad(sum(t.float().sum() for t in leaves), inputs, allow_unused=True)
+        out = torch.compile(model, backend=backend)(*args, **kwargs)
+        leaves = [t for t in pytree.tree_leaves(out)
+                  if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point()]
+        inputs = [p for p in model.parameters() if p.requires_grad]
+        inputs += [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.requires_grad]
+        if leaves and inputs:
+            torch.autograd.grad(sum(t.float().sum() for t in leaves), inputs, allow_unused=True)
     finally:
         torch._dynamo.reset()
     breaks = _graph_breaks() - breaks_before

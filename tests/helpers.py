@@ -29,26 +29,3 @@ def sqnr(ref: torch.Tensor, x: torch.Tensor) -> float:
 
 def make_offs(sizes: list[int], device: str = "cpu") -> torch.Tensor:
     return torch.tensor(sizes, dtype=torch.int32, device=device).cumsum(0).to(torch.int32)
-
-
-def decomposed_graphs(fn, *args) -> list[torch.fx.GraphModule]:
-    """The graphs AOTAutograd traces from fn(*args) for a compiler, as Inductor's (where the GEMM
-    ops decompose): the forward, or forward and backward when an input requires grad."""
-    from functorch.compile import aot_function, make_boxed_func
-    from torch._inductor.decomposition import select_decomp_table
-
-    graphs = []
-
-    def capture(gm, example_inputs):
-        graphs.append(gm)
-        return make_boxed_func(gm)
-
-    out = aot_function(fn, fw_compiler=capture, bw_compiler=capture, decompositions=select_decomp_table())(*args)
-    outs = out if isinstance(out, (tuple, list)) else [out]
-    if any(o.requires_grad for o in outs):
-        sum(o.sum() for o in outs).backward()
-    return graphs
-
-
-def call_targets(graphs: list[torch.fx.GraphModule]) -> list[str]:
-    return [str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"]

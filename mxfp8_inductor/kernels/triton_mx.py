@@ -43,12 +43,7 @@ def _groups(ends_ptr, G: tl.constexpr, GP: tl.constexpr, UNIT: tl.constexpr):
     i = tl.arange(0, GP)
     end = tl.load(ends_ptr + i, mask=i < G, other=0)
     start = tl.load(ends_ptr + i - 1, mask=(i > 0) & (i < G), other=0)
-    return start, end, _unit_ends(start, end, UNIT)
-
-
-@triton.jit
-def _unit_ends(start, end, UNIT: tl.constexpr):
-    return tl.cumsum((end - start + UNIT - 1) // UNIT, 0)
+    return start, end, tl.cumsum((end - start + UNIT - 1) // UNIT, 0)
 
 
 @triton.jit
@@ -247,12 +242,7 @@ def _mx_quant_kernel(
     else:
         jb = pid * NB + tl.arange(0, NB)
         if GROUPED:
-            # `_groups` inlined: torch's mutation analysis of kernels traced through wrap_triton
-            # counts a pointer given to a helper whose result addresses a store as written
-            i = tl.arange(0, GP_R)
-            ends = tl.load(r_ends_ptr + i, mask=i < G_R, other=0)
-            starts = tl.load(r_ends_ptr + i - 1, mask=(i > 0) & (i < G_R), other=0)
-            blk_ends = _unit_ends(starts, ends, 32)
+            starts, ends, blk_ends = _groups(r_ends_ptr, G_R, GP_R, 32)
             g = _find(blk_ends, G_R, jb)
             row0 = _pick(starts, g)
             g_end = _pick(ends, g)
@@ -355,7 +345,8 @@ def _view3(x: torch.Tensor, dim: int) -> torch.Tensor:
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
     """bf16 tensors travel to the interpreter as int16 bits (see `_load_f32`, `_store_f32`); GPUs
-    take them as they are (a traced kernel then gets the graph's tensor, not a view to make)."""
+    take them as they are: a dtype view per operand per call is host time that small MoE layers,
+    whose quantizers take a few microseconds each, do not have."""
     return t.view(torch.int16) if t.dtype == torch.bfloat16 and not t.is_cuda else t
 
 
@@ -377,18 +368,12 @@ def _launch_quant(
     r_ends: torch.Tensor | None = None, y_starts: torch.Tensor | None = None,
     s_ends: torch.Tensor | None = None, s_starts: torch.Tensor | None = None,
     Hp: int = 0, Wp: int = 0, scale_buf: torch.Tensor | None = None,
-    bases: tuple[torch.Tensor, torch.Tensor] | None = None, traced: bool = False,
 ) -> None:
-    """Launch `_mx_quant_kernel` on the views x3 -> y3. bases: the tensors x3 and y3 view (same
-    first element), given to the kernel with the views' strides. traced: launch through
-    `wrap_triton`, so that a graph being traced for Inductor records the kernel, which Inductor
-    then launches from its own code; that code rebuilds every view argument per call, so a
-    traced launch takes bases."""
     ref.check_rounding(rounding)
     B, R, C = x3.shape
     if x3.numel() == 0:
         return
-    x, y = (_bits(t) for t in bases or (x3, y3))
+    x, y = _bits(x3), _bits(y3)
     grouped = r_ends is not None
     if not grouped and R % ref.BLOCK:
         raise ValueError(f"block dim of size {R} is not a multiple of {ref.BLOCK}")
@@ -404,9 +389,8 @@ def _launch_quant(
         s_starts = _one_group(0, x3.device)
     G_S = s_ends.numel() if s_ends is not None else 1
     grid = (n_main + n_tail, cdiv(C, BLOCK_C * citers), B)
-    kernel = torch.library.wrap_triton(_mx_quant_kernel) if traced else _mx_quant_kernel
-    # pointers the kernel never reads in this mode get y (an int32 load from it is never traced)
-    kernel[grid](
+    # pointers the kernel never reads in this mode get y, not device tensors made for the call
+    _mx_quant_kernel[grid](
         x, *x3.stride(), y, *y3.stride(), y if scale_buf is None else scale_buf,
         *(s3.stride() if s3 is not None else (0, 0, 0)), R, C, n_main,
         r_ends if grouped else y, G_R, pow2(G_R), y if y_starts is None else y_starts,
@@ -432,16 +416,15 @@ def quantize(x: torch.Tensor, dim: int = -1, rounding: str = "rceil") -> tuple[t
 
 
 def quantize_dequantize(
-    x: torch.Tensor, dim: int = -1, rounding: str = "rceil", dtype: torch.dtype | None = None, *, traced: bool = False
+    x: torch.Tensor, dim: int = -1, rounding: str = "rceil", dtype: torch.dtype | None = None
 ) -> torch.Tensor:
-    """Fused dequantize(quantize(x)) in one pass; the output keeps x's strides when x is dense.
-    traced: see `_launch_quant`."""
+    """Fused dequantize(quantize(x)) in one pass; the output keeps x's strides when x is dense."""
     ref.check_float(x)
     dim = dim % x.dim()
     if x.shape[dim] % ref.BLOCK:
         raise ValueError(f"dim {dim} of shape {tuple(x.shape)} must be a multiple of {ref.BLOCK}")
     y = torch.empty_like(x, dtype=dtype or x.dtype)  # x's memory layout: coalesced writes
-    _launch_quant(_view3(x, dim), _view3(y, dim), rounding, dequant=True, bases=(x, y), traced=traced)
+    _launch_quant(_view3(x, dim), _view3(y, dim), rounding, dequant=True)
     return y
 
 
@@ -486,14 +469,12 @@ def quantize_groups(
 
 
 def quantize_dequantize_groups(
-    x_MK: torch.Tensor, offs: torch.Tensor, rounding: str = "rceil", dtype: torch.dtype | None = None,
-    *, traced: bool = False,
+    x_MK: torch.Tensor, offs: torch.Tensor, rounding: str = "rceil", dtype: torch.dtype | None = None
 ) -> torch.Tensor:
-    """Fused per-group quantize-dequantize along the tokens; rows past offs[-1] are 0.
-    traced: see `_launch_quant`."""
+    """Fused per-group quantize-dequantize along the tokens; rows past offs[-1] are 0."""
     _check_groups(x_MK, offs)
     y = torch.empty(x_MK.shape, dtype=dtype or x_MK.dtype, device=x_MK.device)
-    _launch_quant(x_MK.unsqueeze(0), y.unsqueeze(0), rounding, dequant=True, r_ends=offs, bases=(x_MK, y), traced=traced)
+    _launch_quant(x_MK.unsqueeze(0), y.unsqueeze(0), rounding, dequant=True, r_ends=offs)
     return y
 
 

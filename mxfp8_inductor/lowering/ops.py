@@ -19,12 +19,10 @@ multiplies its FP8-rounded operands in bf16 (`_wgrad_rowwise`); it is emulated e
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import types
-from collections.abc import Iterator
 
 import torch
-from torch.utils.weak import WeakIdKeyDictionary
 
 from ..kernels import reference, rowwise
 
@@ -123,52 +121,6 @@ quantize_dequantize_groups_op = _define(
     "quantize_dequantize_groups", "(Tensor x, Tensor offs, str rounding) -> Tensor", _quantize_dequantize_groups,
     lambda x, offs, rounding: torch.empty_like(x, dtype=_OUT_DTYPE),
 )
-
-
-def kernels_in_graph(device: torch.device) -> bool:
-    """Whether a traced graph calls our Triton kernels itself (through `wrap_triton`): on CUDA,
-    Inductor then launches them from its own code, without an op dispatch, our Python wrapper and
-    Triton's launcher per call. Elsewhere the graph keeps the quantize-dequantize ops."""
-    return device.type == "cuda"
-
-
-# Quantize-dequantize results of the graph being traced, per input tensor, group ends and their
-# versions: the tokens feeding w1 and w3 are rounded once in the forward and once in the weight
-# gradient. Kernels traced through wrap_triton take a fresh constant-argument entry per launch,
-# so AOTAutograd's common-subexpression elimination cannot merge two identical launches.
-_traced_results: WeakIdKeyDictionary = WeakIdKeyDictionary()
-
-
-def _made(x: torch.Tensor, offs: torch.Tensor) -> dict:
-    """The results made from x (and offs) in the graph being traced, by what was made."""
-    per_x = _traced_results.setdefault(x, WeakIdKeyDictionary()).setdefault(offs, {})
-    return per_x.setdefault((x._version, offs._version), {})  # an in-place update is a new value
-
-
-def _qdq(x: torch.Tensor, dim: int, rounding: str) -> torch.Tensor:
-    """`quantize_dequantize_op` in a graph being traced (see `kernels_in_graph`)."""
-    made, key = _made(x, x), ("along", dim, rounding)
-    if key not in made:
-        if kernels_in_graph(x.device):
-            from ..kernels import triton_mx
-
-            made[key] = triton_mx.quantize_dequantize(x, dim, rounding, _OUT_DTYPE, traced=True)
-        else:
-            made[key] = quantize_dequantize_op(x, dim, rounding)
-    return made[key]
-
-
-def _qdq_groups(x_MK: torch.Tensor, offs: torch.Tensor, rounding: str) -> torch.Tensor:
-    """`quantize_dequantize_groups_op` in a graph being traced (see `kernels_in_graph`)."""
-    made, key = _made(x_MK, offs), ("groups", rounding)
-    if key not in made:
-        if kernels_in_graph(x_MK.device):
-            from ..kernels import triton_mx
-
-            made[key] = triton_mx.quantize_dequantize_groups(x_MK, offs, rounding, _OUT_DTYPE, traced=True)
-        else:
-            made[key] = quantize_dequantize_groups_op(x_MK, offs, rounding)
-    return made[key]
 
 
 # --------------------------------------------------------------------------------------------
@@ -281,8 +233,8 @@ def _wgrad_rowwise(grad_MN, a_MK, offs, rounding):
 
 # --------------------------------------------------------------------------------------------
 # The three GEMMs. Each is both the eager implementation of its custom op and, under
-# torch.compile, its decomposition (`decomposing=True`): Inductor then sees the quantizers and
-# the grouped GEMM, and identical quantizations (the tokens feeding w1 and w3) are made once.
+# torch.compile, its decomposition: Inductor then sees the quantize-dequantize ops and the
+# grouped GEMM, so identical quantizations (the tokens feeding w1 and w3) are computed once.
 
 
 def _forward(a_MK, b_EKN, offs, recipe, rounding, wgrad=None, *, decomposing=False):
@@ -293,9 +245,8 @@ def _forward(a_MK, b_EKN, offs, recipe, rounding, wgrad=None, *, decomposing=Fal
         if decomposing:  # keep the op: its native path is not decomposed
             return NotImplemented
         return _scaled_grouped_mm(native_forward_args(_kernels(a_MK.device), a_MK, b_EKN, offs, rounding))
-    qdq = _qdq if decomposing else quantize_dequantize_op
-    a_q = qdq(a_MK, -1, rounding)
-    b_q = qdq(b_EKN, 1, rounding)
+    a_q = quantize_dequantize_op(a_MK, -1, rounding)
+    b_q = quantize_dequantize_op(b_EKN, 1, rounding)
     return torch._grouped_mm(a_q, b_q, offs).to(a_MK.dtype)
 
 
@@ -307,9 +258,8 @@ def _dgrad(grad_MN, b_EKN, offs, recipe, rounding, *, decomposing=False):
         if decomposing:  # keep the op: its native path is not decomposed
             return NotImplemented
         return _scaled_grouped_mm(native_dgrad_args(_kernels(grad_MN.device), grad_MN, b_EKN, offs, rounding))
-    qdq = _qdq if decomposing else quantize_dequantize_op
-    g_q = qdq(grad_MN, -1, rounding)
-    b_q = qdq(b_EKN, 2, rounding)
+    g_q = quantize_dequantize_op(grad_MN, -1, rounding)
+    b_q = quantize_dequantize_op(b_EKN, 2, rounding)
     return torch._grouped_mm(g_q, b_q.transpose(-2, -1), offs).to(grad_MN.dtype)
 
 
@@ -324,9 +274,8 @@ def _wgrad(grad_MN, a_MK, offs, recipe, rounding, *, decomposing=False):
         # an empty group is skipped by the kernel: its gradient is 0, not whatever was in memory
         sizes = torch.diff(offs, prepend=offs.new_zeros(1))
         return torch.where((sizes > 0)[:, None, None], dw_EKN, 0).to(grad_MN.dtype)
-    qdq_groups = _qdq_groups if decomposing else quantize_dequantize_groups_op
-    a_q = qdq_groups(a_MK, offs, rounding)
-    g_q = qdq_groups(grad_MN, offs, rounding)
+    a_q = quantize_dequantize_groups_op(a_MK, offs, rounding)
+    g_q = quantize_dequantize_groups_op(grad_MN, offs, rounding)
     return torch._grouped_mm(a_q.t(), g_q, offs).to(grad_MN.dtype)
 
 
@@ -366,37 +315,15 @@ def _(grad, a, offs, recipe, rounding):
     return grad.new_empty(offs.shape[0], a.shape[1], grad.shape[1])
 
 
-_KEEP_GEMM_OPS = [False]
-
-
-@contextlib.contextmanager
-def gemm_ops_kept() -> Iterator[None]:
-    """Graphs traced inside keep the GEMM ops whole (`explain` shows them, one per role)."""
-    _KEEP_GEMM_OPS[0] = True
-    try:
-        yield
-    finally:
-        _KEEP_GEMM_OPS[0] = False
-
-
-def _register_decompositions() -> None:
-    """Decompose the GEMM ops where AOTAutograd traces the graph for a compiler: under its
-    functionalization (FunctionalTensorMode, as `torch.library.triton_op` does), so that Triton
-    kernels launched through `wrap_triton` enter the graph as functional calls."""
-    from torch._subclasses.functional_tensor import FunctionalTensorMode
+def _register_inductor_decompositions() -> None:
+    from torch._inductor import decomposition
 
     for op, fn in ((grouped_mm_op, _forward), (grouped_mm_dgrad_op, _dgrad), (grouped_mm_wgrad_op, _wgrad)):
-        def decompose(mode, func, types, args, kwargs, fn=fn):
-            out = NotImplemented
-            if not _KEEP_GEMM_OPS[0]:
-                with mode:
-                    out = fn(*args, **kwargs, decomposing=True)
-            return mode.__torch_dispatch__(func, types, args, kwargs) if out is NotImplemented else out
-
-        op.register_torch_dispatch(FunctionalTensorMode, decompose)
+        decomposition.decompositions[op._opoverload] = functools.partial(fn, decomposing=True)
+    decomposition.fast_random_decomps.cache_clear()  # a cached copy of the table predates us
 
 
-_register_decompositions()
+_register_inductor_decompositions()
 
 
 def _setup_context(ctx, inputs, output):
