@@ -47,27 +47,28 @@ def cases(x_MK: torch.Tensor, offs: torch.Tensor, w_ENK: torch.Tensor):
 def sweep() -> None:
     """Fraction of copy bandwidth per tile (blocks per program, columns per tile, tiles per
     program, warps) of each `tri.TILES` case: blocks along the contiguous dim (qdq along K),
-    across rows (qdq along the rows of one group, or per group along the tokens at 8 and 16
-    groups), across rows in many groups (per group along the tokens, at 64 groups)."""
+    across rows (qdq along the rows of one group), across rows in token groups (qdq per group
+    along the tokens, at 8, 16 and 64 groups)."""
     probs = {"16384x16384 G=1": (16384, 16384, 1), "dsv3 x G=8": (TOKENS, 7168, 8),
              "qwen3_30b x G=16": (TOKENS, 2048, 16), "fine64 x G=64": (TOKENS, 2048, 64)}
-    across = [(2, 64, 1, 2), (1, 64, 1, 2), (1, 64, 2, 2), (1, 64, 4, 2), (1, 64, 8, 2), (1, 64, 4, 4),
-              (1, 64, 8, 4), (1, 128, 2, 4), (1, 128, 4, 4), (1, 32, 4, 1), (1, 32, 8, 1)]
-    configs = {"rows": [(8, 16, 1, 4), (4, 32, 2, 4), (4, 32, 1, 4)], "cols": across, "many groups": across}
+    configs = {"rows": [(8, 16, 1, 4), (4, 32, 2, 4), (4, 32, 1, 4)],
+               "cols": [(2, 64, 1, 2), (1, 64, 1, 2), (1, 64, 4, 2)],
+               "groups": [(2, 64, 1, 2), (1, 64, 1, 2), (1, 64, 2, 2), (1, 64, 4, 2), (1, 64, 8, 2), (1, 32, 4, 1),
+                          (1, 32, 1, 1), (1, 128, 1, 4), (1, 128, 2, 2), (1, 32, 8, 1)]}
     default = dict(tri.TILES)
     for name, (M, K, G) in probs.items():
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
         offs = torch.cumsum(uneven_counts(G, M), 0, dtype=torch.int32) if G > 1 else torch.tensor([M], dtype=torch.int32, device="cuda")
         dst = torch.empty_like(x)
         copy_ms = do_bench(lambda: dst.copy_(x), return_mode="median")
-        cases = {"many groups" if G > tri.MANY_GROUPS else "cols": lambda: tri.quantize_dequantize_groups(x, offs)}
+        cases = {"groups": lambda: tri.quantize_dequantize_groups(x, offs)}
         if G == 1:
             cases = {"rows": lambda: tri.quantize_dequantize(x, -1), "cols": lambda: tri.quantize_dequantize(x, 0)}
         for key, fn in cases.items():
             for cfg in configs[key]:
                 tri.TILES[key] = cfg
                 ms = do_bench(fn, return_mode="median")
-                print(f"{name:<17} {key:<11} tile={cfg} {copy_ms / ms:5.2f}x copy", flush=True)
+                print(f"{name:<17} {key:<6} tile={cfg} {copy_ms / ms:5.2f}x copy", flush=True)
             tri.TILES[key] = default[key]
 
 

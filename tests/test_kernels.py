@@ -142,15 +142,12 @@ def test_native_operands(g, K, rounding, seed):
         assert_bitwise_equal(a, b)
 
 
-@pytest.mark.parametrize("tiles, many_groups", [
-    ({"rows": (2, 16, 3, 1), "cols": (1, 16, 3, 1), "many groups": (2, 32, 1, 1)}, 16),
-    ({"rows": (1, 32, 2, 2), "cols": (2, 32, 2, 2), "many groups": (1, 16, 4, 1)}, 2)])
-def test_programs_of_several_column_tiles(monkeypatch, tiles, many_groups):
+@pytest.mark.parametrize("tiles", [{"rows": (2, 16, 3, 1), "cols": (1, 16, 3, 1), "groups": (2, 16, 3, 1)},
+                                   {"rows": (1, 32, 2, 2), "cols": (2, 32, 2, 2), "groups": (1, 16, 4, 1)}])
+def test_programs_of_several_column_tiles(monkeypatch, tiles):
     """Programs looping over several column tiles (the last one ragged, some past the end) after
-    one group lookup: every quantizer layout still bit-exact, groups empty and unaligned, with
-    the tile for few groups or for many."""
+    one group lookup: every quantizer layout still bit-exact, groups empty and unaligned."""
     monkeypatch.setattr(tri, "TILES", tiles)
-    monkeypatch.setattr(tri, "MANY_GROUPS", many_groups)
     offs = make_offs([70, 0, 33, 1, 64])
     x = _values((171, 80), 7, torch.bfloat16, True)
     for got, want in ((tri.quantize_groups(x, offs), ref.quantize_groups(x, offs)),

@@ -25,11 +25,9 @@ from . import reference as ref
 PLAIN, BLOCKED_COL, BLOCKED_ROW = 0, 1, 2
 _BLOCK_C = 64
 # (blocks per program, columns per tile, tiles per program, warps), keyed by where the blocks run:
-# along the contiguous dim ("rows"), across rows ("cols": one block per program, several column
-# tiles per block-to-group lookup), across rows in more than MANY_GROUPS token groups, where 2
-# warps beat 4 (benchmarks/probe_quantizer_tiles.py, kernel times)
-TILES = {"rows": (8, 16, 1, 4), "cols": (1, 64, 4, 4), "many groups": (1, 64, 4, 2)}
-MANY_GROUPS = 16
+# along the contiguous dim ("rows"), across rows ("cols"), across rows in several token groups
+# ("groups": one block per program, several column tiles per block-to-group lookup)
+TILES = {"rows": (8, 16, 1, 4), "cols": (2, 64, 1, 2), "groups": (1, 64, 4, 2)}  # best of bench_quantize.py --sweep
 
 
 @triton.jit
@@ -380,7 +378,8 @@ def _launch_quant(
     if not grouped and R % ref.BLOCK:
         raise ValueError(f"block dim of size {R} is not a multiple of {ref.BLOCK}")
     G_R = r_ends.numel() if grouped else 1
-    NB, BLOCK_C, citers, warps = TILES["rows" if x3.stride(1) == 1 else "many groups" if G_R > MANY_GROUPS else "cols"]
+    # a single group has no lookup to share across tiles: it takes the "cols" tile
+    NB, BLOCK_C, citers, warps = TILES["rows" if x3.stride(1) == 1 else "groups" if G_R > 1 else "cols"]
     n_main = cdiv(ref.group_scale_rows(R, G_R) if grouped else R // 32, NB)
     # extra programs zero the rows past the last group end (none when the data is pre-zeroed)
     n_tail = cdiv(R, 32 * NB) if grouped and y_starts is None else 0
