@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_mx import _e4m3_decode, _find, _groups, _bits, _pick, _store_f32, cdiv, pow2
+from .triton_mx import _bits, _e4m3_decode, _find, _groups, _pick, _store_f32, cdiv, pow2
 
 F8 = torch.float8_e4m3fn
 
