@@ -58,7 +58,7 @@ def sweep() -> None:
     default = dict(tri.TILES)
     for name, (M, K, G) in probs.items():
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-        offs = torch.cumsum(uneven_counts(G, M), 0, dtype=torch.int32) if G > 1 else torch.tensor([M], dtype=torch.int32, device="cuda")
+        offs = torch.cumsum(uneven_counts(G, M), 0, dtype=torch.int32)  # [M] for one group
         dst = torch.empty_like(x)
         copy_ms = do_bench(lambda: dst.copy_(x), return_mode="median")
         cases = {"groups": lambda: tri.quantize_dequantize_groups(x, offs)}
@@ -84,7 +84,7 @@ def sweep_rowwise() -> None:
     default = list(triton_rowwise.AMAX_TILE), list(triton_rowwise.CAST_TILE)
     for name, (M, K, G) in probs.items():
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-        offs = torch.cumsum(uneven_counts(G, M), 0, dtype=torch.int32) if G > 1 else torch.tensor([M], dtype=torch.int32, device="cuda")
+        offs = torch.cumsum(uneven_counts(G, M), 0, dtype=torch.int32)  # [M] for one group
         dst = torch.empty_like(x)
         copy_ms = do_bench(lambda: dst.copy_(x), return_mode="median")
         for tile in amax_tiles:
