@@ -169,3 +169,21 @@ def test_rowwise_group_quantizer_bit_exact_on_gpu(rounding):
     assert_bitwise_equal(triton_rowwise.group_amax(x, offs), rowwise.group_amax(x, offs))
     for got, want in zip(triton_rowwise.quantize_groups(x, offs, rounding), rowwise.quantize_groups(x, offs, rounding)):
         assert_bitwise_equal(got, want)
+
+
+def test_cached_launch_keys_alignment_and_layout():
+    """Repeated calls take `launch`'s cached compiled kernel: an aligned input, the same shape one
+    element off 16-byte alignment, and its transposed view must each get their own, bit-exact."""
+    from mxfp8_inductor.kernels import launch
+    from mxfp8_inductor.kernels import triton_mx as tri
+
+    base = torch.randn(1024 * 256 + 8, device="cuda", dtype=torch.bfloat16)
+    aligned = base[: 1024 * 256].view(1024, 256)
+    misaligned = base[1 : 1024 * 256 + 1].view(1024, 256)
+    assert misaligned.data_ptr() % 16 != 0
+    launch._compiled.clear()
+    for x in (aligned, misaligned, aligned.t()):
+        for _ in range(3):  # the first call fills the cache, the others launch from it
+            assert_bitwise_equal(tri.quantize_dequantize(x, 1, "rceil"), ref.quantize_dequantize(x, 1, "rceil"))
+    compiled = [entry[0] for entry in launch._compiled.values()]
+    assert len(compiled) == 3 and len(set(map(id, compiled))) == 3

@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import launch
 from .triton_mx import _bits, _e4m3_decode, _find, _groups, _pick, _store_f32, cdiv, pow2
 
 F8 = torch.float8_e4m3fn
@@ -118,12 +119,12 @@ def _launch(kernel, tuned, key: tuple, grid, *args, **consts) -> None:
     it directly: the autotuner's own per-call dispatch costs ~40 us of host time, more than the
     GEMMs of small MoE layers take on the GPU."""
     if not consts["HW_CVT"]:
-        kernel[grid](*args, **consts, **INTERPRETER_CONFIG)
+        launch(kernel, grid, *args, **consts, **INTERPRETER_CONFIG)
     elif (config := _picked.get(key)) is None:
         tuned[grid](*args, **consts)
         _picked[key] = tuned.best_config
     else:
-        kernel[grid](*args, **consts, **config.all_kwargs())
+        launch(kernel, grid, *args, **consts, **config.all_kwargs())
 
 
 def _check(a, b, scale_a, scale_b, offs) -> None:

@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from . import reference as ref
+from .launch import launch
 
 PLAIN, BLOCKED_COL, BLOCKED_ROW = 0, 1, 2
 _BLOCK_C = 64
@@ -390,8 +391,8 @@ def _launch_quant(
     G_S = s_ends.numel() if s_ends is not None else 1
     grid = (n_main + n_tail, cdiv(C, BLOCK_C * citers), B)
     # pointers the kernel never reads in this mode get y, not device tensors made for the call
-    _mx_quant_kernel[grid](
-        x, *x3.stride(), y, *y3.stride(), y if scale_buf is None else scale_buf,
+    launch(
+        _mx_quant_kernel, grid, x, *x3.stride(), y, *y3.stride(), y if scale_buf is None else scale_buf,
         *(s3.stride() if s3 is not None else (0, 0, 0)), R, C, n_main,
         r_ends if grouped else y, G_R, pow2(G_R), y if y_starts is None else y_starts,
         y if s_ends is None else s_ends, y if s_starts is None else s_starts, G_S, pow2(G_S), Hp, Wp,
@@ -440,8 +441,8 @@ def dequantize(
     s3 = _view3(scales.view(torch.uint8), dim)
     y3 = _view3(y, dim)
     B, R, C = q3.shape
-    _dequant_kernel[(R // 32, cdiv(C, _BLOCK_C), B)](
-        q3, *q3.stride(), s3, *s3.stride(), _bits(y3), *y3.stride(), C,
+    launch(
+        _dequant_kernel, (R // 32, cdiv(C, _BLOCK_C), B), q3, *q3.stride(), s3, *s3.stride(), _bits(y3), *y3.stride(), C,
         OUT_BF16=dtype == torch.bfloat16, HW_CVT=data.is_cuda, BLOCK_C=_BLOCK_C,
     )
     return y
@@ -583,5 +584,5 @@ def to_blocked_groups(
 def _launch_blocked(s3, out, mode, ends, starts, Hp, Wp) -> None:
     B, H, W = s3.shape
     grid = (cdiv(H, 64), cdiv(W, 16), B)
-    _to_blocked_kernel[grid](s3, *s3.stride(), out, H, W, ends, ends.numel(), pow2(ends.numel()),
-                             starts, Hp, Wp, MODE=mode, BLOCK_R=64, BLOCK_W=16)
+    launch(_to_blocked_kernel, grid, s3, *s3.stride(), out, H, W, ends, ends.numel(), pow2(ends.numel()),
+           starts, Hp, Wp, MODE=mode, BLOCK_R=64, BLOCK_W=16)

@@ -10,6 +10,7 @@ import triton.language as tl
 
 from . import reference as ref
 from . import rowwise
+from .launch import launch
 from .triton_mx import (
     _bits, _e8m0_to_float, _find, _groups, _inv_scale, _load_f32, _pick, _scale_exponent, _scaled_to_e4m3, cdiv,
     pow2,
@@ -60,8 +61,8 @@ def group_amax(x_MK: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
         x_MK = x_MK.contiguous()
     out = torch.zeros(G, K, device=x_MK.device, dtype=torch.int32)
     chunk, bm, bk, warps = AMAX_TILE
-    _group_amax_kernel[(cdiv(M, chunk), cdiv(K, bk))](
-        _bits(x_MK), x_MK.stride(0), offs, out, K, G=G, GP=pow2(G),
+    launch(
+        _group_amax_kernel, (cdiv(M, chunk), cdiv(K, bk)), _bits(x_MK), x_MK.stride(0), offs, out, K, G=G, GP=pow2(G),
         CHUNK=chunk, BM=bm, BK=bk, num_warps=warps,
     )
     return out.view(torch.float32)
@@ -141,8 +142,8 @@ def quantize_groups(
     scales_GK = torch.empty(G, K, dtype=torch.float32, device=x_MK.device)
     pends = torch.empty(G, dtype=torch.int32, device=x_MK.device)
     bm, bk, kiters, warps = CAST_TILE
-    _cast_groups_t_kernel[(cdiv(Mp, bm), cdiv(K, bk * kiters))](
-        _bits(x_MK), x_MK.stride(0), offs, amax_GK, data_KMp, scales_GK, pends, K, Mp,
+    launch(
+        _cast_groups_t_kernel, (cdiv(Mp, bm), cdiv(K, bk * kiters)), _bits(x_MK), x_MK.stride(0), offs, amax_GK, data_KMp, scales_GK, pends, K, Mp,
         G=G, GP=pow2(G), ALIGN=rowwise.ALIGN, RCEIL=rounding == "rceil",
         HW_CVT=x_MK.is_cuda, BM=bm, BK=bk, KITERS=kiters, num_warps=warps,
     )

@@ -1,0 +1,84 @@
+"""Host time per call of our Triton kernels: Triton's own launch path (`kernel[grid](...)`) vs
+the cached launcher of `kernels/launch.py`, measured side by side in one run.
+
+    python benchmarks/bench_launch.py [--out benchmarks/results/launch_h200.json]
+
+Small inputs, so the GPU never holds the host back: the time per call is what a compiled graph
+spends on the host for each quantizer it calls (16 per MoE block and step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import pathlib
+import sys
+import time
+
+import torch
+import triton
+
+ROOT = pathlib.Path(__file__).parents[1]
+sys.path.insert(0, str(ROOT))
+from mxfp8_inductor.kernels import launch, triton_fp8_gemm, triton_mx, triton_rowwise  # noqa: E402
+from mxfp8_inductor.lowering import ops  # noqa: E402
+
+MODULES = (triton_mx, triton_rowwise, triton_fp8_gemm)  # each imported `launch` by name
+
+
+def _triton_route(kernel, grid, *args, **kwargs) -> None:
+    kernel[grid](*args, **kwargs)
+
+
+def us_per_call(fn, calls: int = 3000) -> float:
+    for _ in range(200):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    us = (time.perf_counter() - start) / calls * 1e6
+    torch.cuda.synchronize()
+    return us
+
+
+def cases() -> dict[str, object]:
+    x = torch.randn(512, 512, device="cuda", dtype=torch.bfloat16)
+    offs = torch.tensor([100, 100, 300, 512], device="cuda", dtype=torch.int32)
+    return {
+        "op quantize_dequantize (rows)": lambda: ops.quantize_dequantize_op(x, -1, "rceil"),
+        "op quantize_dequantize (cols)": lambda: ops.quantize_dequantize_op(x, 0, "rceil"),
+        "op quantize_dequantize_groups": lambda: ops.quantize_dequantize_groups_op(x, offs, "rceil"),
+        "triton_rowwise.quantize_groups": lambda: triton_rowwise.quantize_groups(x, offs, "rceil"),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default="benchmarks/results/launch_h200.json")
+    args = p.parse_args()
+    routes = {"triton": _triton_route, "cached": launch.launch}
+    rows = []
+    for name, fn in cases().items():
+        row = {"call": name}
+        for _ in range(2):  # two turns each, the lower kept: a busy host only ever adds time
+            for route, impl in routes.items():
+                for mod in MODULES:
+                    mod.launch = impl
+                row[route] = min(row.get(route, float("inf")), us_per_call(fn))
+        rows.append(row)
+    for mod in MODULES:
+        mod.launch = launch.launch
+    print(f"{'call':<32} {'triton us':>9} {'cached us':>9} {'ratio':>6}")
+    for r in rows:
+        print(f"{r['call']:<32} {r['triton']:9.1f} {r['cached']:9.1f} {r['triton'] / r['cached']:5.2f}x")
+    with open(args.out, "w") as f:
+        json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+                   "date": datetime.date.today().isoformat(), "unit": "us of host time per call",
+                   "rows": rows}, f, indent=1)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

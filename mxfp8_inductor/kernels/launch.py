@@ -1,0 +1,52 @@
+"""Launch a @triton.jit kernel on a CUDA GPU at a fraction of Triton's per-call host time.
+
+`kernel[grid](...)` binds and specializes every argument and builds a cache key on each call:
+about 40 us of host time on the H200 machine (benchmarks/bench_launch.py), more than one of our
+quantizers takes on the GPU at small MoE shapes, and a compiled MoE block calls them 16 times per
+step. Here the compiled kernel Triton returns on the first call is kept under a key that is finer
+than Triton's specialization (every int by value, every tensor by dtype, device and pointer
+alignment), and later calls hand it straight to its launcher, as Inductor launches its own
+kernels. Off CUDA (the interpreter) this is `kernel[grid](...)`.
+"""
+
+from __future__ import annotations
+
+import torch
+from triton import knobs
+
+_MAX_ENTRIES = 4096  # a bound for callers whose shapes never repeat; a cleared cache only costs time
+_compiled: dict[tuple, tuple] = {}
+
+
+def _spec(arg) -> object:
+    if isinstance(arg, torch.Tensor):
+        # Triton specializes pointers on dtype and 16-byte alignment; the remainder is finer
+        return arg.dtype, arg.device.index, arg.data_ptr() % 16
+    return arg  # ints (by value: finer than Triton's ==1, %16 and i32/i64 classes), bools, floats
+
+
+def launch(kernel, grid: tuple[int, ...], *args, **kwargs) -> None:
+    """`kernel[grid](*args, **kwargs)`: `args` are the kernel's leading parameters (args[0] a tensor
+    on the launch device), `kwargs` its remaining ones by name and launch options (num_warps, ...);
+    a callable `grid` is called with `kwargs`."""
+    if callable(grid):
+        grid = grid(kwargs)
+    if not args[0].is_cuda:
+        kernel[grid](*args, **kwargs)
+        return
+    key = (kernel, *kwargs.items(), *map(_spec, args))
+    entry = _compiled.get(key)
+    if entry is None:
+        if len(_compiled) >= _MAX_ENTRIES:
+            _compiled.clear()
+        compiled = kernel[grid](*args, **kwargs)
+        # its launcher takes every parameter in signature order, constexprs included
+        _compiled[key] = (compiled, kernel.arg_names[len(args):])
+        return
+    compiled, tail = entry
+    full = (*args, *(kwargs[name] for name in tail))
+    stream = torch._C._cuda_getCurrentRawStream(args[0].device.index)  # as Inductor's launchers get it
+    enter = knobs.runtime.launch_enter_hook
+    meta = compiled.launch_metadata(grid, stream, *full) if enter is not None else None
+    compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
+                 compiled.function, compiled.packed_metadata, meta, enter, knobs.runtime.launch_exit_hook, *full)
