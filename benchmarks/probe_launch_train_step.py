@@ -1,0 +1,71 @@
+"""Host time of the launch routes in a real training step: microseconds per quantizer call (a
+512x512 input), then examples/train_moe.py's model (forward + backward, no optimizer) per recipe
+with our kernels launched through Triton's own path ("triton") or kernels/launch.py ("cached"),
+in one process: wall per step (3 rounds of 20) and the CUDA kernel time per step.
+
+    python benchmarks/probe_launch_train_step.py > benchmarks/results/launch_train_step_h200.txt
+"""
+import os, sys, time, json
+sys.path.insert(0, "."); sys.path.insert(0, "examples")
+import torch
+import mxfp8_inductor  # noqa
+from mxfp8_inductor.lowering import ops
+from mxfp8_inductor.kernels import triton_mx
+from torch.profiler import profile, ProfilerActivity
+res = {}
+dev = "cuda" if torch.cuda.is_available() else "cpu"
+
+def per_call(fn, n=3000):
+    for _ in range(200): fn()
+    if dev == "cuda": torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n): fn()
+    host = (time.perf_counter() - t) / n * 1e6
+    if dev == "cuda": torch.cuda.synchronize()
+    return host
+
+x = torch.randn(512, 512, device=dev, dtype=torch.bfloat16)
+offs = torch.tensor([100, 300, 512], device=dev, dtype=torch.int32)
+y = torch.empty_like(x)
+res["us_empty_like"] = per_call(lambda: torch.empty_like(x))
+res["us_op_qdq"] = per_call(lambda: ops.quantize_dequantize_op(x, -1, "rceil"))
+res["us_py_qdq"] = per_call(lambda: triton_mx.quantize_dequantize(x, -1, "rceil", torch.bfloat16))
+res["us_op_qdq_groups"] = per_call(lambda: ops.quantize_dequantize_groups_op(x, offs, "rceil"))
+res["us_launch_only"] = per_call(lambda: triton_mx._launch_quant(x.view(1, 512, 512), y.view(1, 512, 512), "rceil", dequant=True))
+print(json.dumps(res, indent=1), flush=True)
+
+if dev == "cuda" and os.environ.get("TRAIN", "1") == "1":
+    import train_moe
+    import torch.nn.functional as F
+    args = train_moe.parse_args(["--steps", "1000"])
+    data = train_moe.stdlib_bytes()
+    train_N, _ = train_moe.split_data(data)
+    from mxfp8_inductor.kernels import launch as L, triton_mx, triton_rowwise, triton_fp8_gemm
+    def route(impl):
+        for m in (triton_mx, triton_rowwise, triton_fp8_gemm): m.launch = impl
+    tri = lambda kernel, grid, *a, **k: kernel[grid](*a, **k)
+    for recipe, impl in [("bf16", L.launch), ("mxfp8", tri), ("mxfp8", L.launch), ("fp8_rowwise", tri), ("fp8_rowwise", L.launch)]:
+        route(impl)
+        torch._dynamo.reset()
+        model = train_moe.build_model(args, dev)
+        train_moe.compile_blocks(model, recipe)
+        inp, tgt = train_moe.get_batch(train_N, 0, 0, args.batch, args.seq)
+        inp, tgt = inp.to(dev), tgt.to(dev)
+        def step():
+            logits = model(inp)
+            loss = F.cross_entropy(logits.float().view(-1, 256), tgt.reshape(-1))
+            loss.backward()
+            for p in model.parameters(): p.grad = None
+        for _ in range(5): step()
+        walls = []
+        for r in range(3):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(20): step()
+            torch.cuda.synchronize()
+            walls.append((time.perf_counter() - t) / 20 * 1e3)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(5): step()
+            torch.cuda.synchronize()
+        kern = sum(k.device_time_total for k in prof.key_averages()) / 5 / 1e3
+        print(f"==== train fwd+bwd {recipe} route={'cached' if impl is L.launch else 'triton'}: wall {sorted(walls)} ms, kernels {kern:.2f} ms", flush=True)
