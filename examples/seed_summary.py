@@ -29,7 +29,9 @@ def final_losses(paths: list[pathlib.Path]) -> dict[int, dict[str, float]]:
     out: dict[int, dict[str, float]] = {}
     for path in paths:
         data = json.loads(path.read_text())
-        cfg = data["config"]
+        cfg = data.get("config")
+        if cfg is None:  # not a train_moe.py summary (this script's own output, for one)
+            continue
         if data["steps"] != 1000 or cfg.get("init_noise") or cfg["world_size"] != 1:
             continue
         for recipe, r in data["recipes"].items():
@@ -40,9 +42,10 @@ def final_losses(paths: list[pathlib.Path]) -> dict[int, dict[str, float]]:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--results", type=pathlib.Path, default=RESULTS, help="folder of train_moe.py summaries")
     p.add_argument("--out", type=pathlib.Path, default=RESULTS / "convergence_seeds_h200.json")
     args = p.parse_args(argv)
-    losses = final_losses(sorted(RESULTS.glob("convergence_h200*.json")))
+    losses = final_losses(sorted(args.results.glob("*.json")))
     gaps: dict[str, dict[int, float]] = {}
     for seed, by_recipe in losses.items():
         for recipe, loss in by_recipe.items():

@@ -118,3 +118,28 @@ def test_fsdp2_two_gloo_ranks_follow_single_process(single, tmp_path):
     torch.testing.assert_close(fsdp["recipes"]["mxfp8"]["loss"], summary["recipes"]["mxfp8"]["loss"][:12],
                                rtol=2e-2, atol=0)
     assert cmp["max_rel"] < 2e-2
+
+
+def test_seed_summary_pairs_each_recipe_with_bf16_of_its_seed(tmp_path):
+    """Only 1000-step one-GPU runs count, nudged-bf16 runs never stand in for bf16, and a recipe in
+    a file of its own is compared with the bf16 of its seed."""
+    import seed_summary
+
+    def write(name, seed, recipes, steps=1000, **cfg):
+        data = {"steps": steps, "config": {"seed": seed, "world_size": 1, **cfg},
+                "recipes": {r: {"loss": [loss] * steps} for r, loss in recipes.items()}}
+        (tmp_path / f"{name}.json").write_text(json.dumps(data))
+
+    write("a", 0, {"bf16": 2.0, "mxfp8": 2.03})
+    write("b", 0, {"fp8_rowwise": 1.99})
+    write("c", 1, {"bf16": 1.0, "mxfp8": 1.0})
+    write("noise", 1, {"bf16": 9.0}, init_noise=1e-3)
+    write("fsdp", 1, {"bf16": 9.0}, world_size=2)
+    write("short", 2, {"bf16": 1.0, "mxfp8": 9.0}, steps=20)
+    out = tmp_path / "summary.json"
+    seed_summary.main(["--results", str(tmp_path), "--out", str(out)])
+    got = json.loads(out.read_text())
+    assert got["final_loss"] == {"0": {"bf16": 2.0, "mxfp8": 2.03, "fp8_rowwise": 1.99}, "1": {"bf16": 1.0, "mxfp8": 1.0}}
+    assert got["recipes"]["mxfp8"]["mean_gap"] == pytest.approx(0.0075)
+    assert got["recipes"]["mxfp8"]["seeds_within_bar"] == 1  # seed 0 is 1.5% off
+    assert got["recipes"]["fp8_rowwise"]["gap_by_seed"] == {"0": pytest.approx(-0.005)}
