@@ -59,8 +59,9 @@ def main(argv: list[str] | None = None) -> None:
                            "seeds_within_bar": sum(v <= BAR for v in vals), "seeds": len(vals)}
         print(f"{recipe:<12} " + " ".join(f"s{s} {v:+.2%}" for s, v in by_seed.items()))
         s = summary[recipe]
-        print(f"{'':<12} mean {s['mean_gap']:+.2%} (stdev {s['stdev_gap']:.2%}, bar {BAR:.1%}: "
-              f"{'within' if s['mean_gap'] <= BAR else 'missed'}), {s['seeds_within_bar']} of {s['seeds']} seeds within")
+        verdict = "within" if s["mean_gap"] <= BAR else "missed"
+        print(f"{'':<12} mean {s['mean_gap']:+.2%} (stdev {s['stdev_gap']:.2%}, bar {BAR:.1%}: {verdict}), "
+              f"{s['seeds_within_bar']} of {s['seeds']} seeds within")
     args.out.write_text(json.dumps({"bar": BAR, "final_loss": losses, "recipes": summary}, indent=1) + "\n")
     print(f"wrote {args.out}")
 

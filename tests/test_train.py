@@ -139,7 +139,8 @@ def test_seed_summary_pairs_each_recipe_with_bf16_of_its_seed(tmp_path):
     out = tmp_path / "summary.json"
     seed_summary.main(["--results", str(tmp_path), "--out", str(out)])
     got = json.loads(out.read_text())
-    assert got["final_loss"] == {"0": {"bf16": 2.0, "mxfp8": 2.03, "fp8_rowwise": 1.99}, "1": {"bf16": 1.0, "mxfp8": 1.0}}
+    assert got["final_loss"] == {"0": {"bf16": 2.0, "mxfp8": 2.03, "fp8_rowwise": 1.99},
+                                 "1": {"bf16": 1.0, "mxfp8": 1.0}}
     assert got["recipes"]["mxfp8"]["mean_gap"] == pytest.approx(0.0075)
     assert got["recipes"]["mxfp8"]["seeds_within_bar"] == 1  # seed 0 is 1.5% off
     assert got["recipes"]["fp8_rowwise"]["gap_by_seed"] == {"0": pytest.approx(-0.005)}

@@ -447,7 +447,8 @@ def dequantize(
     y3 = _view3(y, dim)
     B, R, C = q3.shape
     launch(
-        _dequant_kernel, (R // 32, cdiv(C, _BLOCK_C), B), q3, *q3.stride(), s3, *s3.stride(), _bits(y3), *y3.stride(), C,
+        _dequant_kernel, (R // 32, cdiv(C, _BLOCK_C), B),
+        q3, *q3.stride(), s3, *s3.stride(), _bits(y3), *y3.stride(), C,
         OUT_BF16=dtype == torch.bfloat16, HW_CVT=data.is_cuda, BLOCK_C=_BLOCK_C,
     )
     return y

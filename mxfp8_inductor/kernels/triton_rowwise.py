@@ -143,7 +143,8 @@ def quantize_groups(
     pends = torch.empty(G, dtype=torch.int32, device=x_MK.device)
     bm, bk, kiters, warps = CAST_TILE
     launch(
-        _cast_groups_t_kernel, (cdiv(Mp, bm), cdiv(K, bk * kiters)), _bits(x_MK), x_MK.stride(0), offs, amax_GK, data_KMp, scales_GK, pends, K, Mp,
+        _cast_groups_t_kernel, (cdiv(Mp, bm), cdiv(K, bk * kiters)),
+        _bits(x_MK), x_MK.stride(0), offs, amax_GK, data_KMp, scales_GK, pends, K, Mp,
         G=G, GP=pow2(G), ALIGN=rowwise.ALIGN, RCEIL=rounding == "rceil",
         HW_CVT=x_MK.is_cuda, BM=bm, BK=bk, KITERS=kiters, num_warps=warps,
     )
