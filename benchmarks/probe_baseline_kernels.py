@@ -4,8 +4,12 @@ by side in one run (interleaved rounds, do_bench medians) with outputs checked b
     git show COMMIT:mxfp8_inductor/kernels/triton_mx.py > /tmp/base/triton_mx.py  # likewise
     #   reference.py and launch.py (where COMMIT has it), and an empty __init__.py
     python benchmarks/probe_baseline_kernels.py --baseline /tmp/base --out benchmarks/results/X.json
+    python benchmarks/probe_baseline_kernels.py --baseline /tmp/base --host --out ...  (any machine)
 
-A kernel change is kept on this probe's ratio, not on tables from different runs.
+A kernel change is kept on this probe's ratio, not on tables from different runs. --host times
+the host work of each call instead, with the kernel launches stubbed out (our Python between the
+caller and Triton, which sets the step time of small, host-bound MoE blocks), on small inputs of
+the default device.
 """
 
 from __future__ import annotations
@@ -14,9 +18,12 @@ import argparse
 import datetime
 import importlib.util
 import json
+import os
 import pathlib
+import platform
 import statistics
 import sys
+import time
 
 import torch
 import triton
@@ -53,13 +60,59 @@ def cases() -> dict[str, tuple[torch.Tensor, object]]:
     return out
 
 
+def host_cases() -> dict[str, object]:
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    x = torch.randn(512, 512, device=device, dtype=torch.bfloat16)
+    offs = {G: torch.cumsum(torch.full((G,), 512 // G), 0, dtype=torch.int32).to(device) for G in (1, 8, 64)}
+    out = {"quantize_dequantize along K": lambda m: m.quantize_dequantize(x, 1),
+           "quantize_dequantize across rows": lambda m: m.quantize_dequantize(x, 0)}
+    out.update({f"quantize_dequantize_groups G={G}": (lambda m, o=o: m.quantize_dequantize_groups(x, o))
+                for G, o in offs.items()})
+    return out
+
+
+def us_per_call(fn, calls: int = 20000) -> float:
+    for _ in range(1000):
+        fn()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def host(mods: dict, rounds: int) -> list[dict]:
+    for m in mods.values():
+        m.launch = lambda kernel, grid, *args, **kwargs: None
+    rows = []
+    for name, fn in host_cases().items():
+        us = {k: [] for k in mods}
+        for _ in range(rounds):
+            for k, m in mods.items():
+                us[k].append(us_per_call(lambda: fn(m)))
+        row = {"case": name, **{f"{k} us": min(v) for k, v in us.items()}}  # a busy host only adds time
+        row["this tree / baseline"] = row["this tree us"] / row["baseline us"]
+        rows.append(row)
+        print(f"{name:<36} baseline {row['baseline us']:6.2f}  this tree {row['this tree us']:6.2f} us"
+              f"  ratio {row['this tree / baseline']:.2f}", flush=True)
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--baseline", type=pathlib.Path, required=True)
     p.add_argument("--out", type=pathlib.Path, required=True)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--host", action="store_true", help="host time per call, kernel launches stubbed out")
     args = p.parse_args()
     mods = {"baseline": load_baseline(args.baseline), "this tree": triton_mx}
+    if args.host:
+        rows = host(mods, args.rounds)
+        machine = f"{platform.machine()} CPU, {os.cpu_count()} cores"
+        args.out.write_text(json.dumps({"machine": machine, "torch": torch.__version__, "triton": triton.__version__,
+                                        "date": datetime.date.today().isoformat(), "unit": "us of host time per call",
+                                        "baseline": str(args.baseline), "rows": rows}, indent=1) + "\n")
+        print(f"wrote {args.out}")
+        return
     rows = []
     for name, (x, fn) in cases().items():
         outs = [fn(m).view(torch.uint8) for m in mods.values()]

@@ -4,6 +4,9 @@ with our kernels launched through Triton's own path ("triton") or kernels/launch
 in one process: wall per step (3 rounds of 20) and the CUDA kernel time per step.
 
     python benchmarks/probe_launch_train_step.py > benchmarks/results/launch_train_step_h200.txt
+
+(When the committed results were measured, `us_launch_only` passed `x.view(1, 512, 512)` views;
+`_launch_quant` has taken `_view3` geometry since.)
 """
 import os, sys, time, json
 sys.path.insert(0, "."); sys.path.insert(0, "examples")
@@ -31,7 +34,8 @@ res["us_empty_like"] = per_call(lambda: torch.empty_like(x))
 res["us_op_qdq"] = per_call(lambda: ops.quantize_dequantize_op(x, -1, "rceil"))
 res["us_py_qdq"] = per_call(lambda: triton_mx.quantize_dequantize(x, -1, "rceil", torch.bfloat16))
 res["us_op_qdq_groups"] = per_call(lambda: ops.quantize_dequantize_groups_op(x, offs, "rceil"))
-res["us_launch_only"] = per_call(lambda: triton_mx._launch_quant(x.view(1, 512, 512), y.view(1, 512, 512), "rceil", dequant=True))
+x3, y3 = triton_mx._view3(x, 1), triton_mx._view3(y, 1)
+res["us_launch_only"] = per_call(lambda: triton_mx._launch_quant(x3, y3, "rceil", dequant=True))
 print(json.dumps(res, indent=1), flush=True)
 
 if dev == "cuda" and os.environ.get("TRAIN", "1") == "1":

@@ -171,3 +171,24 @@ def test_bad_inputs_raise():
         tri.quantize(torch.randn(4, 32), rounding="nearest")
     with pytest.raises(ValueError, match="int32"):
         tri.quantize_groups(torch.randn(64, 32), torch.tensor([64]))
+
+
+@pytest.mark.parametrize(
+    "x", [torch.empty(64), torch.empty(128)[::2], torch.empty(64, 96), torch.empty(96, 64).t(),
+          torch.empty(4, 64, 96), torch.empty(4, 96, 64).transpose(1, 2), torch.empty(64, 4, 96).permute(1, 0, 2),
+          torch.empty(64, 96)[:, :64], torch.empty(64, 1)], ids=lambda x: f"{tuple(x.shape)}{x.stride()}")
+def test_view3_has_the_geometry_of_the_view_it_stands_for(x):
+    """The kernels get the base tensor and computed 3-D geometry: it must be that of the view
+    X[b, r, c] with blocks along r (shape, strides and data pointer), so specialization and
+    indexing match the view ops it replaces."""
+    for dim in range(-x.dim(), x.dim()):
+        d = dim % x.dim()
+        if x.dim() == 1:
+            view = x.view(1, -1, 1)
+        elif x.dim() == 2:
+            view = x.permute(d, 1 - d).unsqueeze(0)
+        else:
+            b = 0 if d != 0 else 1
+            view = x.permute(b, d, 3 - b - d)
+        v3 = tri._view3(x, dim)
+        assert (v3.shape, v3.strides, v3.t.data_ptr()) == (tuple(view.shape), view.stride(), view.data_ptr())

@@ -15,6 +15,7 @@ data exit early.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 import triton
@@ -333,18 +334,30 @@ def pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def _view3(x: torch.Tensor, dim: int) -> torch.Tensor:
-    """View x (or its scales, same rank) as X[b, r, c] with blocks along r = `dim`."""
-    if x.dim() == 1:
-        return x.view(1, -1, 1)
-    if x.dim() > 3:
-        raise ValueError(f"Triton MXFP8 kernels take 1-D to 3-D tensors, got {x.dim()}-D")
-    dim = dim % x.dim()
-    if x.dim() == 2:
-        return x.permute(dim, 1 - dim).unsqueeze(0)
+class View3(NamedTuple):
+    """A tensor seen as X[b, r, c]: the tensor itself (the kernels' pointer), and the shape and
+    strides of the 3-D view, computed rather than made (a torch view op costs microseconds of host
+    time, and compiled MoE blocks call the quantizers per operand per step)."""
+
+    t: torch.Tensor
+    shape: tuple[int, int, int]
+    strides: tuple[int, int, int]
+
+
+def _view3(x: torch.Tensor, dim: int) -> View3:
+    """x (or its scales, same rank) as X[b, r, c] with blocks along r = `dim`."""
+    n = x.dim()
+    if n > 3:
+        raise ValueError(f"Triton MXFP8 kernels take 1-D to 3-D tensors, got {n}-D")
+    size, stride = x.shape, x.stride()
+    if n == 1:
+        return View3(x, (1, size[0], 1), (size[0] * stride[0], stride[0], stride[0]))  # as view(1, -1, 1)
+    dim = dim % n
+    if n == 2:  # the batch dim of size 1 takes the stride unsqueeze(0) would give it
+        return View3(x, (1, size[dim], size[1 - dim]), (size[dim] * stride[dim], stride[dim], stride[1 - dim]))
     bdim = 0 if dim != 0 else 1
-    other = ({0, 1, 2} - {dim, bdim}).pop()
-    return x.permute(bdim, dim, other)
+    other = 3 - dim - bdim
+    return View3(x, (size[bdim], size[dim], size[other]), (stride[bdim], stride[dim], stride[other]))
 
 
 def _bits(t: torch.Tensor, on_gpu: bool = False) -> torch.Tensor:
@@ -367,42 +380,42 @@ def _block_ends(offs: torch.Tensor) -> torch.Tensor:
 
 
 def _launch_quant(
-    x3: torch.Tensor, y3: torch.Tensor, rounding: str, *, dequant: bool,
-    s3: torch.Tensor | None = None, scale_mode: int = PLAIN,
+    x3: View3, y3: View3, rounding: str, *, dequant: bool,
+    s3: View3 | None = None, scale_mode: int = PLAIN,
     r_ends: torch.Tensor | None = None, y_starts: torch.Tensor | None = None,
     s_ends: torch.Tensor | None = None, s_starts: torch.Tensor | None = None,
     Hp: int = 0, Wp: int = 0, scale_buf: torch.Tensor | None = None,
 ) -> None:
     ref.check_rounding(rounding)
     B, R, C = x3.shape
-    if x3.numel() == 0:
+    if B * R * C == 0:
         return
     grouped = r_ends is not None
     # the grouped quantize-dequantize runs 1.2-1.47x faster on int16 bits than on bf16 pointers on
     # the H200 at 1 to 8 groups (benchmarks/results/grouped_bits_h200.json)
-    x, y = _bits(x3, grouped and dequant), _bits(y3, grouped and dequant)
+    x, y = _bits(x3.t, grouped and dequant), _bits(y3.t, grouped and dequant)
     if not grouped and R % ref.BLOCK:
         raise ValueError(f"block dim of size {R} is not a multiple of {ref.BLOCK}")
     G_R = r_ends.numel() if grouped else 1
     # a single group has no lookup to share across tiles: it takes the "cols" tile
-    NB, BLOCK_C, citers, warps = TILES["rows" if x3.stride(1) == 1 else "groups" if G_R > 1 else "cols"]
+    NB, BLOCK_C, citers, warps = TILES["rows" if x3.strides[1] == 1 else "groups" if G_R > 1 else "cols"]
     n_main = cdiv(ref.group_scale_rows(R, G_R) if grouped else R // 32, NB)
     # extra programs zero the rows past the last group end (none when the data is pre-zeroed)
     n_tail = cdiv(R, 32 * NB) if grouped and y_starts is None else 0
     if s_ends is None and scale_mode != PLAIN:
-        s_ends = _block_ends(r_ends) if scale_mode == BLOCKED_COL else _one_group(C, x3.device)
+        s_ends = _block_ends(r_ends) if scale_mode == BLOCKED_COL else _one_group(C, x.device)
     if s_starts is None and scale_mode != PLAIN:
-        s_starts = _one_group(0, x3.device)
+        s_starts = _one_group(0, x.device)
     G_S = s_ends.numel() if s_ends is not None else 1
     grid = (n_main + n_tail, cdiv(C, BLOCK_C * citers), B)
     # pointers the kernel never reads in this mode get y, not device tensors made for the call
     launch(
-        _mx_quant_kernel, grid, x, *x3.stride(), y, *y3.stride(), y if scale_buf is None else scale_buf,
-        *(s3.stride() if s3 is not None else (0, 0, 0)), R, C, n_main,
+        _mx_quant_kernel, grid, x, *x3.strides, y, *y3.strides, y if scale_buf is None else scale_buf,
+        *(s3.strides if s3 is not None else (0, 0, 0)), R, C, n_main,
         r_ends if grouped else y, G_R, pow2(G_R), y if y_starts is None else y_starts,
         y if s_ends is None else s_ends, y if s_starts is None else s_starts, G_S, pow2(G_S), Hp, Wp,
         RCEIL=rounding == "rceil", DEQUANT=dequant, SCALE_MODE=scale_mode, PAD_Y=y_starts is not None, GROUPED=grouped,
-        OUT_BF16=y3.dtype == torch.bfloat16, HW_CVT=x3.is_cuda, NB=NB, BLOCK_C=BLOCK_C, CITERS=citers, num_warps=warps,
+        OUT_BF16=y3.t.dtype == torch.bfloat16, HW_CVT=x.is_cuda, NB=NB, BLOCK_C=BLOCK_C, CITERS=citers, num_warps=warps,
     )
 
 
@@ -448,7 +461,7 @@ def dequantize(
     B, R, C = q3.shape
     launch(
         _dequant_kernel, (R // 32, cdiv(C, _BLOCK_C), B),
-        q3, *q3.stride(), s3, *s3.stride(), _bits(y3), *y3.stride(), C,
+        q3.t, *q3.strides, s3.t, *s3.strides, _bits(y3.t), *y3.strides, C,
         OUT_BF16=dtype == torch.bfloat16, HW_CVT=data.is_cuda, BLOCK_C=_BLOCK_C,
     )
     return y
@@ -469,8 +482,7 @@ def quantize_groups(
     M, K = x_MK.shape
     data = torch.empty(M, K, dtype=torch.uint8, device=x_MK.device)
     scales = torch.zeros(ref.group_scale_rows(M, offs.numel()), K, dtype=torch.uint8, device=x_MK.device)
-    x3 = x_MK.unsqueeze(0)
-    _launch_quant(x3, data.unsqueeze(0), rounding, dequant=False, s3=scales.unsqueeze(0),
+    _launch_quant(_view3(x_MK, 0), _view3(data, 0), rounding, dequant=False, s3=_view3(scales, 0),
                   r_ends=offs, scale_buf=scales)
     return data.view(torch.float8_e4m3fn), scales.view(torch.float8_e8m0fnu)
 
@@ -481,7 +493,7 @@ def quantize_dequantize_groups(
     """Fused per-group quantize-dequantize along the tokens; rows past offs[-1] are 0."""
     _check_groups(x_MK, offs)
     y = torch.empty(x_MK.shape, dtype=dtype or x_MK.dtype, device=x_MK.device)
-    _launch_quant(x_MK.unsqueeze(0), y.unsqueeze(0), rounding, dequant=True, r_ends=offs)
+    _launch_quant(_view3(x_MK, 0), _view3(y, 0), rounding, dequant=True, r_ends=offs)
     return y
 
 
@@ -502,7 +514,7 @@ def quantize_rows_blocked(
     data = torch.empty(M, K, dtype=torch.uint8, device=x_MK.device)
     buf = torch.zeros(M + G * 128, Wp, dtype=torch.uint8, device=x_MK.device)
     starts = ref.blocked_group_starts(offs, "rows")
-    _launch_quant(x_MK.t().unsqueeze(0), data.t().unsqueeze(0), rounding, dequant=False,
+    _launch_quant(_view3(x_MK, 1), _view3(data, 1), rounding, dequant=False,
                   scale_mode=BLOCKED_ROW, s_ends=offs, s_starts=starts, Hp=0, Wp=Wp, scale_buf=buf)
     return data.view(torch.float8_e4m3fn), buf.view(torch.float8_e8m0fnu)
 
@@ -519,7 +531,7 @@ def quantize_weight_blocked(
     Hp, Wp = ref._round_up(N, 128), ref._round_up(K // ref.BLOCK, 4)
     data = torch.empty(E, N, K, dtype=torch.uint8, device=w_ENK.device)
     buf = torch.zeros(E, Hp * Wp, dtype=torch.uint8, device=w_ENK.device)
-    _launch_quant(w_ENK.transpose(1, 2), data.transpose(1, 2), rounding, dequant=False,
+    _launch_quant(_view3(w_ENK, 2), _view3(data, 2), rounding, dequant=False,
                   scale_mode=BLOCKED_ROW, Hp=Hp, Wp=Wp, scale_buf=buf)
     return data.view(torch.float8_e4m3fn), buf.view(torch.float8_e8m0fnu)
 
@@ -542,7 +554,7 @@ def quantize_groups_blocked(
     S = ref.group_scale_rows(M, G)
     buf = torch.zeros(Hp, S + 4 * G, dtype=torch.uint8, device=x_MK.device)
     starts = ref.blocked_group_starts(offs, "cols")
-    _launch_quant(x_MK.unsqueeze(0), data.t().unsqueeze(0), rounding, dequant=False,
+    _launch_quant(_view3(x_MK, 0), _view3(data, 1), rounding, dequant=False,
                   scale_mode=BLOCKED_COL, r_ends=offs, y_starts=y_starts,
                   s_starts=starts, Hp=Hp, scale_buf=buf)
     return data.view(torch.float8_e4m3fn), buf.view(torch.float8_e8m0fnu), padded_offs
