@@ -23,7 +23,6 @@ import pathlib
 import platform
 import statistics
 import sys
-import time
 
 import torch
 import triton
@@ -32,6 +31,7 @@ from triton.testing import do_bench
 ROOT = pathlib.Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_launch import us_per_call  # noqa: E402
 from mxfp8_inductor.kernels import triton_mx  # noqa: E402
 from shapes import SHAPES, TOKENS, uneven_counts  # noqa: E402
 
@@ -71,15 +71,6 @@ def host_cases() -> dict[str, object]:
     return out
 
 
-def us_per_call(fn, calls: int = 20000) -> float:
-    for _ in range(1000):
-        fn()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - start) / calls * 1e6
-
-
 def host(mods: dict, rounds: int) -> list[dict]:
     for m in mods.values():
         m.launch = lambda kernel, grid, *args, **kwargs: None
@@ -88,7 +79,7 @@ def host(mods: dict, rounds: int) -> list[dict]:
         us = {k: [] for k in mods}
         for _ in range(rounds):
             for k, m in mods.items():
-                us[k].append(us_per_call(lambda: fn(m)))
+                us[k].append(us_per_call(lambda: fn(m), calls=20000, warmup=1000))
         row = {"case": name, **{f"{k} us": min(v) for k, v in us.items()}}  # a busy host only adds time
         row["this tree / baseline"] = row["this tree us"] / row["baseline us"]
         rows.append(row)
