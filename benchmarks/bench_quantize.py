@@ -74,13 +74,13 @@ def sweep() -> None:
 
 def sweep_rowwise() -> None:
     """Fraction of copy bandwidth per tile of the two fp8_rowwise weight-gradient kernels (group
-    amax: rows per program, rows per load, columns, warps; cast: tokens, features per block,
-    blocks per program, warps)."""
+    amax: rows per program, rows per load, columns, warps; cast: features per block, blocks per
+    program, warps)."""
     probs = {"16384x16384 G=1": (16384, 16384, 1), "dsv3 x": (TOKENS, 7168, 8), "fine64 x": (TOKENS, 2048, 64)}
     amax_tiles = [(256, 64, 64, 4), (256, 32, 128, 4), (512, 64, 64, 4), (256, 64, 128, 8), (128, 64, 64, 4),
                   (512, 32, 128, 8), (1024, 64, 64, 4)]
-    cast_tiles = [(64, 64, 8, 4), (64, 64, 4, 4), (128, 64, 4, 4), (64, 128, 4, 4), (128, 128, 2, 8),
-                  (32, 128, 8, 4), (64, 64, 16, 4), (128, 64, 8, 8)]
+    cast_tiles = [(128, 8, 4), (128, 4, 4), (64, 8, 4), (64, 16, 4), (256, 4, 4), (256, 4, 8), (128, 16, 4),
+                  (128, 8, 8)]
     default = list(triton_rowwise.AMAX_TILE), list(triton_rowwise.CAST_TILE)
     for name, (M, K, G) in probs.items():
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)

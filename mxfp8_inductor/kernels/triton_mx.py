@@ -88,14 +88,20 @@ def _inv_scale(biased):
 
 
 @triton.jit
-def _load_f32(ptr, mask):
-    """Load bf16 or fp32 as fp32. bf16 bits (int16 pointers, see `_bits`) widen by a shift: the
-    interpreter flushes subnormals in a bf16 -> fp32 cast."""
-    if ptr.dtype.element_ty == tl.int16:
-        x = (tl.load(ptr, mask=mask, other=0).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+def _widen(v):
+    """Loaded bf16 or fp32 values as fp32. bf16 bits (int16 pointers, see `_bits`) widen by a
+    shift: the interpreter flushes subnormals in a bf16 -> fp32 cast."""
+    if v.dtype == tl.int16:
+        out = (v.to(tl.int32) << 16).to(tl.float32, bitcast=True)
     else:
-        x = tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
-    return x
+        out = v.to(tl.float32)
+    return out
+
+
+@triton.jit
+def _load_f32(ptr, mask):
+    """Load bf16 (or its int16 bits) or fp32 as fp32."""
+    return _widen(tl.load(ptr, mask=mask, other=0))
 
 
 @triton.jit
