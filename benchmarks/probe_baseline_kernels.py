@@ -1,4 +1,4 @@
-"""The MXFP8 quantize-dequantize kernels and the rowwise weight-gradient quantizer of this tree
+"""The MXFP8 quantizers and the rowwise weight-gradient quantizer of this tree
 against those of another commit, timed side by side in one run (interleaved rounds, do_bench
 medians) with outputs checked bit-equal.
 
@@ -7,7 +7,8 @@ medians) with outputs checked bit-equal.
     python benchmarks/probe_baseline_kernels.py --baseline /tmp/base --out benchmarks/results/X.json
     python benchmarks/probe_baseline_kernels.py --baseline /tmp/base --host --out ...  (any machine)
 
-A kernel change is kept on this probe's ratio, not on tables from different runs. --host times
+A kernel change is kept on this probe's ratio, not on tables from different runs (--cudagraph
+where a call's host work outlasts its kernels: replays then time the GPU alone). --host times
 the host work of each call instead (our Python between the caller and the GPU, which sets the
 step time of small, host-bound MoE blocks), on small inputs of the default device: on a GPU with
 the launches (each tree's own `launch.py`), elsewhere with the launches stubbed out.
@@ -22,6 +23,7 @@ import json
 import os
 import pathlib
 import platform
+import re
 import statistics
 import sys
 import types
@@ -58,15 +60,19 @@ def cases() -> dict[str, tuple[torch.Tensor, object]]:
         offs = torch.cumsum(uneven_counts(G, M), 0, dtype=torch.int32)
         out[f"qdq_groups_along_tokens {name} G={G}"] = (x, lambda m, x=x, o=offs: m.mx.quantize_dequantize_groups(x, o))
         out[f"rowwise_groups_along_tokens {name} G={G}"] = (x, lambda m, x=x, o=offs: m.rw.quantize_groups(x, o))
+        out[f"groups_along_tokens_blocked {name} G={G}"] = (x, lambda m, x=x, o=offs: m.mx.quantize_groups_blocked(x, o))
     x = torch.randn(16384, 16384, device="cuda", dtype=torch.bfloat16)
     out["qdq_along_rows 16384x16384"] = (x, lambda m, x=x: m.mx.quantize_dequantize(x, 0))
     out["qdq_along_K 16384x16384"] = (x, lambda m, x=x: m.mx.quantize_dequantize(x, 1))
+    for shape, (E, D, F) in SHAPES.items():  # w1's [E, F, D] as the [E, K, N] view the GEMM takes
+        b_EKN = torch.randn(E, F, D, device="cuda", dtype=torch.bfloat16).transpose(-2, -1)
+        out[f"qdq_weights_along_N {shape}"] = (b_EKN, lambda m, b=b_EKN: m.mx.quantize_dequantize(b, 2))
     return out
 
 
 def as_bytes(out) -> list[torch.Tensor]:
     """An output, or a tuple of them, as bytes: torch.equal then compares bits (NaN included)."""
-    return [t.view(torch.uint8) for t in (out if isinstance(out, tuple) else (out,))]
+    return [t.contiguous().view(torch.uint8) for t in (out if isinstance(out, tuple) else (out,))]
 
 
 def host_cases() -> dict[str, object]:
@@ -105,6 +111,9 @@ def main() -> None:
     p.add_argument("--out", type=pathlib.Path, required=True)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--host", action="store_true", help="host time per call (launches stubbed out without a GPU)")
+    p.add_argument("--cudagraph", action="store_true",
+                   help="time CUDA-graph replays: GPU time alone, for calls whose host work outlasts their kernels")
+    p.add_argument("--only", default="", help="run the cases whose name this regular expression matches")
     args = p.parse_args()
     mods = {"baseline": load_baseline(args.baseline), "this tree": types.SimpleNamespace(mx=triton_mx, rw=triton_rowwise)}
     if args.host:
@@ -117,14 +126,17 @@ def main() -> None:
         print(f"wrote {args.out}")
         return
     rows = []
+    bench = triton.testing.do_bench_cudagraph if args.cudagraph else do_bench
     for name, (x, fn) in cases().items():
+        if not re.search(args.only, name):
+            continue
         outs = [as_bytes(fn(m)) for m in mods.values()]
         dst = torch.empty_like(x)
         copy_ms = do_bench(lambda: dst.copy_(x), return_mode="median")
         ms = {k: [] for k in mods}
         for _ in range(args.rounds):
             for k, m in mods.items():
-                ms[k].append(do_bench(lambda: fn(m), return_mode="median"))
+                ms[k].append(bench(lambda: fn(m), return_mode="median"))
         row = {"case": name, "copy_ms": copy_ms, "bit_equal": all(map(torch.equal, *outs)),
                **{f"{k} ms": statistics.median(v) for k, v in ms.items()}}
         row["this tree / baseline"] = row["this tree ms"] / row["baseline ms"]
@@ -133,7 +145,8 @@ def main() -> None:
               f"  ratio {row['this tree / baseline']:.2f}  bit-equal {row['bit_equal']}", flush=True)
     args.out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                                     "triton": triton.__version__, "date": datetime.date.today().isoformat(),
-                                    "baseline": str(args.baseline), "rows": rows}, indent=1) + "\n")
+                                    "baseline": str(args.baseline), "timer": bench.__name__, "rows": rows},
+                                   indent=1) + "\n")
     print(f"wrote {args.out}")
 
 

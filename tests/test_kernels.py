@@ -142,15 +142,35 @@ def test_native_operands(g, K, rounding, seed):
         assert_bitwise_equal(a, b)
 
 
-@pytest.mark.parametrize("tiles", [{"rows": (2, 16, 3, 1), "cols": (1, 16, 3, 1), "groups": (2, 16, 3, 1)},
-                                   {"rows": (1, 32, 2, 2), "cols": (2, 32, 2, 2), "groups": (1, 16, 4, 1)}])
+@pytest.mark.parametrize("sizes", [[70], [5, 0, 70, 31]])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("x_transposed", [False, True])
+def test_weight_gradient_operand_of_one_and_several_groups(sizes, dtype, x_transposed):
+    """quantize_groups_blocked stores its data transposed: with one group (the "one_group" tile)
+    and several (the "groups" tile), bf16 and fp32, special values, and an input that is itself a
+    transposed view (then no store transposes): bit-exact."""
+    offs = make_offs(sizes)
+    x = _values((sum(sizes) + 3, 96), len(sizes), dtype, True)
+    if x_transposed:
+        x = x.t().contiguous().t()
+    got, want = tri.quantize_groups_blocked(x, offs), ref.quantize_groups_blocked(x, offs)
+    for a, b in zip(got[:2], want[:2]):
+        assert_bitwise_equal(a, b)
+    assert torch.equal(got[2], want[2])
+
+
+@pytest.mark.parametrize("tiles", [
+    {"rows": (2, 16, 3, 1), "cols": (1, 16, 3, 1), "one_group": (2, 16, 2, 1), "groups": (2, 16, 3, 1)},
+    {"rows": (1, 32, 2, 2), "cols": (2, 32, 2, 2), "one_group": (1, 16, 3, 1), "groups": (1, 16, 4, 1)},
+])
 def test_programs_of_several_column_tiles(monkeypatch, tiles):
     """Programs looping over several column tiles (the last one ragged, some past the end) after
-    one group lookup: every quantizer layout still bit-exact, groups empty and unaligned."""
+    one group lookup: every quantizer layout still bit-exact, groups empty and unaligned, or one."""
     monkeypatch.setattr(tri, "TILES", tiles)
-    offs = make_offs([70, 0, 33, 1, 64])
+    offs, one = make_offs([70, 0, 33, 1, 64]), make_offs([150])
     x = _values((171, 80), 7, torch.bfloat16, True)
     for got, want in ((tri.quantize_groups(x, offs), ref.quantize_groups(x, offs)),
+                      (tri.quantize_groups(x, one), ref.quantize_groups(x, one)),
                       (tri.quantize_groups_blocked(x, offs)[:2], ref.quantize_groups_blocked(x, offs)[:2]),
                       (tri.quantize_rows_blocked(x[:, :64], offs), ref.quantize_rows_blocked(x[:, :64], offs)),
                       ([tri.quantize_dequantize_groups(x, offs)], [ref.quantize_dequantize_groups(x, offs)])):
