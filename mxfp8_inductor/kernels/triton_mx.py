@@ -271,7 +271,7 @@ def _mx_quant_kernel(
             # rows from the group's padded start, a multiple of 32, padding rows included (they
             # store the zeros loaded for them, byte 0): y's offsets along r are then provably
             # aligned and its mask constant per block, so the stores vectorise (16 bytes per
-            # thread instead of 1; 0.92-0.94x the time at the MoE shapes on the H200)
+            # thread instead of 1; benchmarks/results/native_wgrad_store_h200.json)
             r_y = tl.multiple_of(tl.load(y_starts_ptr + g, mask=g < G_R, other=0) + (jb - first_blk) * 32, 32)
             r_y = r_y[:, None] + rr[None, :]
             y_ok = tl.broadcast_to((g < G_R)[:, None], (NB, 32))
