@@ -84,6 +84,8 @@ def host_cases() -> dict[str, object]:
     out.update({f"quantize_dequantize_groups G={G}": (lambda m, o=o: m.mx.quantize_dequantize_groups(x, o))
                 for G, o in offs.items()})
     out["rowwise quantize_groups G=8"] = lambda m: m.rw.quantize_groups(x, offs[8])
+    out["quantize_rows_blocked G=8"] = lambda m: m.mx.quantize_rows_blocked(x, offs[8])
+    out["quantize_groups_blocked G=8"] = lambda m: m.mx.quantize_groups_blocked(x, offs[8])
     return out
 
 

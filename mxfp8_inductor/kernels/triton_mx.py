@@ -35,11 +35,6 @@ TILES = {"rows": (8, 16, 1, 4), "cols": (1, 128, 1, 2), "one_group": (2, 64, 1, 
 
 
 @triton.jit
-def _group_start(ends_ptr, g):
-    return tl.load(ends_ptr + g - 1, mask=g > 0, other=0)
-
-
-@triton.jit
 def _groups(ends_ptr, G: tl.constexpr, GP: tl.constexpr, UNIT: tl.constexpr):
     """Group table in registers from the G group ends (GP = next power of two lanes): each group's
     start and end row and its end in units, a group spanning ceil(size / UNIT) units (32-row
@@ -58,11 +53,11 @@ def _find(unit_end, G: tl.constexpr, x):
 
 
 @triton.jit
-def _group_of(ends_ptr, G: tl.constexpr, GP: tl.constexpr, x):
-    """For a 1-D block of indices x: the group holding each (G past the end), from the G group
-    ends in memory (GP = next power of two)."""
-    i = tl.arange(0, GP)
-    return _find(tl.load(ends_ptr + i, mask=i < G, other=0), G, x)
+def _padded_starts(count, PAD: tl.constexpr):
+    """Exclusive running sum of per-group lane counts, each rounded up to a multiple of PAD: where
+    each group starts in a layout that pads every group."""
+    padded = (count + PAD - 1) // PAD * PAD
+    return tl.cumsum(padded, 0) - padded
 
 
 @triton.jit
@@ -189,30 +184,28 @@ def _blocked_offset(row, col, Wp):
 
 
 @triton.jit
-def _scale_offsets(
-    b, row, col, ss_b, ss_col, ss_row, ends_ptr, G: tl.constexpr, GP: tl.constexpr, starts_ptr, Hp, Wp,
-    MODE: tl.constexpr,
-):
+def _scale_offsets(b, row, col, ss_b, ss_col, ss_row, g_start, g_end, G: tl.constexpr, Hp, Wp, MODE: tl.constexpr):
     """Offsets [len(col), len(row)] of the scales of blocks `col` of native-orientation rows `row`
     (1-D each), and a validity mask.
 
-    BLOCKED_COL: `ends_ptr` holds cumulative per-group block counts; BLOCKED_ROW: group row ends.
-    `starts_ptr` holds each group's first tile column (BLOCKED_COL) or row (BLOCKED_ROW).
+    `g_start`, `g_end`: each group's bounds in lanes, in blocks (BLOCKED_COL: groups along col) or
+    in rows (BLOCKED_ROW: groups along row). Each group's place in the buffer follows from them
+    (tiles padded to 4 columns or 128 rows), so no host op makes a table per call.
     """
     if MODE == 0:
         offs = b * ss_b + col[:, None] * ss_col + row[None, :] * ss_row
         valid = (col[:, None] >= 0) & (row[None, :] >= 0)
     elif MODE == 1:
-        g = _group_of(ends_ptr, G, GP, col)
-        first = _group_start(ends_ptr, g)
-        nblk = tl.load(ends_ptr + g, mask=g < G, other=0) - first
-        base = tl.load(starts_ptr + g, mask=g < G, other=0).to(tl.int64) * Hp
+        g = _find(g_end, G, col)
+        first = _pick(g_start, g)
+        nblk = _pick(g_end - g_start, g)
+        base = _pick(_padded_starts(g_end - g_start, 4), g).to(tl.int64) * Hp
         offs = base[:, None] + _blocked_offset(row[None, :], (col - first)[:, None], ((nblk + 3) // 4 * 4)[:, None])
         valid = (g < G)[:, None] & (row[None, :] >= 0)
     else:
-        g = _group_of(ends_ptr, G, GP, row)
-        first = _group_start(ends_ptr, g)
-        base = b * Hp * Wp + tl.load(starts_ptr + g, mask=g < G, other=0).to(tl.int64) * Wp
+        g = _find(g_end, G, row)
+        first = _pick(g_start, g)
+        base = b * Hp * Wp + _pick(_padded_starts(g_end - g_start, 128), g).to(tl.int64) * Wp
         offs = base[None, :] + _blocked_offset((row - first)[None, :], col[:, None], Wp)
         valid = (col[:, None] >= 0) & (g < G)[None, :]
     return offs, valid
@@ -224,8 +217,8 @@ def _mx_quant_kernel(
     y_ptr, sy_b, sy_r, sy_c,
     s_ptr, ss_b, ss_blk, ss_c,
     R, C, n_main,
-    r_ends_ptr, G_R: tl.constexpr, GP_R: tl.constexpr, y_starts_ptr,
-    s_ends_ptr, s_starts_ptr, G_S: tl.constexpr, GP_S: tl.constexpr, Hp, Wp,
+    r_ends_ptr, G_R: tl.constexpr, GP_R: tl.constexpr, pends_ptr,
+    s_ends_ptr, G_S: tl.constexpr, GP_S: tl.constexpr, Hp, Wp,
     RCEIL: tl.constexpr,
     DEQUANT: tl.constexpr,
     SCALE_MODE: tl.constexpr,
@@ -268,16 +261,26 @@ def _mx_quant_kernel(
             r = jb[:, None] * 32 + rr[None, :]
         r_ok = r < g_end[:, None]
         if PAD_Y:
-            # rows from the group's padded start, a multiple of 32, padding rows included (they
-            # store the zeros loaded for them, byte 0): y's offsets along r are then provably
-            # aligned and its mask constant per block, so the stores vectorise (16 bytes per
-            # thread instead of 1; benchmarks/results/native_wgrad_store_h200.json)
-            r_y = tl.multiple_of(tl.load(y_starts_ptr + g, mask=g < G_R, other=0) + (jb - first_blk) * 32, 32)
-            r_y = r_y[:, None] + rr[None, :]
+            # every group padded to whole blocks: block jb's rows start at jb * 32. Padding rows
+            # are stored too (the zeros loaded for them, byte 0), so the mask is constant per
+            # block and the provably aligned stores vectorise (16 bytes per thread instead of 1;
+            # benchmarks/results/native_wgrad_store_h200.json)
+            r_y = jb[:, None] * 32 + rr[None, :]
             y_ok = tl.broadcast_to((g < G_R)[:, None], (NB, 32))
+            if (pid == 0) & (tl.program_id(1) == 0) & (tl.program_id(2) == 0):
+                i = tl.arange(0, GP_R)
+                tl.store(pends_ptr + i, blk_ends * 32, mask=i < G_R)  # the padded group ends
         else:
             r_y = r
             y_ok = r_ok
+        # each scale group's bounds in lanes: in blocks (groups along the blocks), in rows (along c)
+        if SCALE_MODE == 1:
+            s_end = blk_ends
+            s_first = blk_ends - (ends - starts + 31) // 32
+        elif SCALE_MODE == 2:
+            s_first, s_end, _ = _groups(s_ends_ptr, G_S, GP_S, 1)
+        else:
+            s_first, s_end = jb, jb  # unread: plain scales take strides
         for t in range(CITERS):
             c = (tl.program_id(1) * CITERS + t) * BLOCK_C + tl.arange(0, BLOCK_C)
             c_ok = c < C
@@ -298,9 +301,7 @@ def _mx_quant_kernel(
                 _store_f32(y_ptr + y_offs, y, m_y, OUT_BF16, HW_CVT)
             else:
                 tl.store(y_ptr + y_offs, q8, mask=m_y)
-                s_offs, s_ok = _scale_offsets(
-                    b, c, jb, ss_b, ss_blk, ss_c, s_ends_ptr, G_S, GP_S, s_starts_ptr, Hp, Wp, SCALE_MODE
-                )
+                s_offs, s_ok = _scale_offsets(b, c, jb, ss_b, ss_blk, ss_c, s_first, s_end, G_S, Hp, Wp, SCALE_MODE)
                 s_ok = s_ok & c_ok[None, :] & (g < G_R)[:, None]
                 tl.store(s_ptr + s_offs, biased.to(tl.uint8), mask=s_ok)
 
@@ -323,7 +324,7 @@ def _dequant_kernel(
 
 @triton.jit
 def _to_blocked_kernel(
-    s_ptr, ss_b, ss_r, ss_c, out_ptr, rows, cols, ends_ptr, G: tl.constexpr, GP: tl.constexpr, starts_ptr,
+    s_ptr, ss_b, ss_r, ss_c, out_ptr, rows, cols, ends_ptr, G: tl.constexpr, GP: tl.constexpr,
     Hp, Wp, MODE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
     b = tl.program_id(2).to(tl.int64)
@@ -331,7 +332,8 @@ def _to_blocked_kernel(
     col = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
     m = (col < cols)[:, None] & (row < rows)[None, :]
     v = tl.load(s_ptr + b * ss_b + row[None, :] * ss_r + col[:, None] * ss_c, mask=m)
-    offs, ok = _scale_offsets(b, row, col, 0, 0, 0, ends_ptr, G, GP, starts_ptr, Hp, Wp, MODE)
+    first, end, _ = _groups(ends_ptr, G, GP, 1)  # ends: cumulative blocks (BLOCKED_COL) or rows
+    offs, ok = _scale_offsets(b, row, col, 0, 0, 0, first, end, G, Hp, Wp, MODE)
     tl.store(out_ptr + offs, v, mask=m & ok)
 
 
@@ -398,10 +400,12 @@ def _block_ends(offs: torch.Tensor) -> torch.Tensor:
 def _launch_quant(
     x3: View3, y3: View3, rounding: str, *, dequant: bool,
     s3: View3 | None = None, scale_mode: int = PLAIN,
-    r_ends: torch.Tensor | None = None, y_starts: torch.Tensor | None = None,
-    s_ends: torch.Tensor | None = None, s_starts: torch.Tensor | None = None,
-    Hp: int = 0, Wp: int = 0, scale_buf: torch.Tensor | None = None,
+    r_ends: torch.Tensor | None = None, pends: torch.Tensor | None = None,
+    s_ends: torch.Tensor | None = None, Hp: int = 0, Wp: int = 0, scale_buf: torch.Tensor | None = None,
 ) -> None:
+    """One `_mx_quant_kernel` launch. `r_ends`: token group ends along r; `pends`: when given, y
+    holds every group padded to whole blocks (pre-zeroed) and `pends` receives the padded ends;
+    `s_ends`: group ends along c of BLOCKED_ROW scales (default: one group)."""
     ref.check_rounding(rounding)
     B, R, C = x3.shape
     if B * R * C == 0:
@@ -417,20 +421,19 @@ def _launch_quant(
     NB, BLOCK_C, citers, warps = TILES[along]
     n_main = cdiv(ref.group_scale_rows(R, G_R) if grouped else R // 32, NB)
     # extra programs zero the rows past the last group end (none when the data is pre-zeroed)
-    n_tail = cdiv(R, 32 * NB) if grouped and y_starts is None else 0
-    if s_ends is None and scale_mode != PLAIN:
-        s_ends = _block_ends(r_ends) if scale_mode == BLOCKED_COL else _one_group(C, x.device)
-    if s_starts is None and scale_mode != PLAIN:
-        s_starts = _one_group(0, x.device)
-    G_S = s_ends.numel() if s_ends is not None else 1
+    n_tail = cdiv(R, 32 * NB) if grouped and pends is None else 0
+    if scale_mode == BLOCKED_ROW and s_ends is None:
+        s_ends = _one_group(C, x.device)
+    # BLOCKED_COL scales are grouped as the blocks are
+    G_S = s_ends.numel() if s_ends is not None else G_R
     grid = (n_main + n_tail, cdiv(C, BLOCK_C * citers), B)
     # pointers the kernel never reads in this mode get y, not device tensors made for the call
     launch(
         _mx_quant_kernel, grid, x, *x3.strides, y, *y3.strides, y if scale_buf is None else scale_buf,
         *(s3.strides if s3 is not None else (0, 0, 0)), R, C, n_main,
-        r_ends if grouped else y, G_R, pow2(G_R), y if y_starts is None else y_starts,
-        y if s_ends is None else s_ends, y if s_starts is None else s_starts, G_S, pow2(G_S), Hp, Wp,
-        RCEIL=rounding == "rceil", DEQUANT=dequant, SCALE_MODE=scale_mode, PAD_Y=y_starts is not None, GROUPED=grouped,
+        r_ends if grouped else y, G_R, pow2(G_R), y if pends is None else pends,
+        y if s_ends is None else s_ends, G_S, pow2(G_S), Hp, Wp,
+        RCEIL=rounding == "rceil", DEQUANT=dequant, SCALE_MODE=scale_mode, PAD_Y=pends is not None, GROUPED=grouped,
         OUT_BF16=y3.t.dtype == torch.bfloat16, HW_CVT=x.is_cuda, NB=NB, BLOCK_C=BLOCK_C, CITERS=citers, num_warps=warps,
     )
 
@@ -529,9 +532,8 @@ def quantize_rows_blocked(
     G = offs.numel()
     data = torch.empty(M, K, dtype=torch.uint8, device=x_MK.device)
     buf = torch.zeros(M + G * 128, Wp, dtype=torch.uint8, device=x_MK.device)
-    starts = ref.blocked_group_starts(offs, "rows")
     _launch_quant(_view3(x_MK, 1), _view3(data, 1), rounding, dequant=False,
-                  scale_mode=BLOCKED_ROW, s_ends=offs, s_starts=starts, Hp=0, Wp=Wp, scale_buf=buf)
+                  scale_mode=BLOCKED_ROW, s_ends=offs, Hp=0, Wp=Wp, scale_buf=buf)
     return data.view(torch.float8_e4m3fn), buf.view(torch.float8_e8m0fnu)
 
 
@@ -562,17 +564,13 @@ def quantize_groups_blocked(
     M, K = x_MK.shape
     G = offs.numel()
     Mp = ref._round_up(M, 32) + 32 * G
-    sizes = torch.diff(offs, prepend=offs.new_zeros(1))
-    padded_offs = ref.padded_group_offs(offs)
-    y_starts = padded_offs - (sizes + 31) // 32 * 32
     data = torch.zeros(K, Mp, dtype=torch.uint8, device=x_MK.device)
     Hp = ref._round_up(K, 128)
     S = ref.group_scale_rows(M, G)
     buf = torch.zeros(Hp, S + 4 * G, dtype=torch.uint8, device=x_MK.device)
-    starts = ref.blocked_group_starts(offs, "cols")
+    padded_offs = torch.empty(G, dtype=torch.int32, device=x_MK.device)
     _launch_quant(_view3(x_MK, 0), _view3(data, 1), rounding, dequant=False,
-                  scale_mode=BLOCKED_COL, r_ends=offs, y_starts=y_starts,
-                  s_starts=starts, Hp=Hp, scale_buf=buf)
+                  scale_mode=BLOCKED_COL, r_ends=offs, pends=padded_offs, Hp=Hp, scale_buf=buf)
     return data.view(torch.float8_e4m3fn), buf.view(torch.float8_e8m0fnu), padded_offs
 
 
@@ -589,7 +587,7 @@ def to_blocked(scales: torch.Tensor) -> torch.Tensor:
     B, H, W = s3.shape
     Hp, Wp = ref._round_up(H, 128), ref._round_up(W, 4)
     out = torch.zeros(B, Hp * Wp, dtype=torch.uint8, device=scales.device)
-    _launch_blocked(s3, out, BLOCKED_ROW, _one_group(H, scales.device), _one_group(0, scales.device), Hp, Wp)
+    _launch_blocked(s3, out, BLOCKED_ROW, _one_group(H, scales.device), Hp, Wp)
     out = out.view(Hp, Wp) if scales.dim() == 2 else out
     return out.view(torch.float8_e8m0fnu)
 
@@ -607,16 +605,16 @@ def to_blocked_groups(
     if along == "rows":
         Wp = ref._round_up(cols, 4)
         out = torch.zeros(rows + G * 128, Wp, dtype=torch.uint8, device=scales.device)
-        _launch_blocked(s3, out, BLOCKED_ROW, offs, starts, 0, Wp)
+        _launch_blocked(s3, out, BLOCKED_ROW, offs, 0, Wp)
     else:
         Hp = ref._round_up(rows, 128)
         out = torch.zeros(Hp, cols + G * 4, dtype=torch.uint8, device=scales.device)
-        _launch_blocked(s3, out, BLOCKED_COL, _block_ends(offs), starts, Hp, 0)
+        _launch_blocked(s3, out, BLOCKED_COL, _block_ends(offs), Hp, 0)
     return out.view(torch.float8_e8m0fnu), starts
 
 
-def _launch_blocked(s3, out, mode, ends, starts, Hp, Wp) -> None:
+def _launch_blocked(s3, out, mode, ends, Hp, Wp) -> None:
     B, H, W = s3.shape
     grid = (cdiv(H, 64), cdiv(W, 16), B)
     launch(_to_blocked_kernel, grid, s3, *s3.stride(), out, H, W, ends, ends.numel(), pow2(ends.numel()),
-           starts, Hp, Wp, MODE=mode, BLOCK_R=64, BLOCK_W=16)
+           Hp, Wp, MODE=mode, BLOCK_R=64, BLOCK_W=16)
