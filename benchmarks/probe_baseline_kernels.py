@@ -54,13 +54,14 @@ def load_baseline(path: pathlib.Path) -> types.SimpleNamespace:
 def cases() -> dict[str, tuple[torch.Tensor, object]]:
     out = {}
     problems = {"16384x16384": (16384, 16384, 1)}
-    problems.update({f"{s} tokens": (TOKENS, SHAPES[s][1], SHAPES[s][0]) for s in ("l4scout", "dsv3", "qwen3_30b", "fine64")})
+    for shape in ("l4scout", "dsv3", "qwen3_30b", "fine64"):
+        problems[f"{shape} tokens"] = (TOKENS, SHAPES[shape][1], SHAPES[shape][0])
     for name, (M, K, G) in problems.items():
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-        offs = torch.cumsum(uneven_counts(G, M), 0, dtype=torch.int32)
-        out[f"qdq_groups_along_tokens {name} G={G}"] = (x, lambda m, x=x, o=offs: m.mx.quantize_dequantize_groups(x, o))
-        out[f"rowwise_groups_along_tokens {name} G={G}"] = (x, lambda m, x=x, o=offs: m.rw.quantize_groups(x, o))
-        out[f"groups_along_tokens_blocked {name} G={G}"] = (x, lambda m, x=x, o=offs: m.mx.quantize_groups_blocked(x, o))
+        o = torch.cumsum(uneven_counts(G, M), 0, dtype=torch.int32)
+        out[f"qdq_groups_along_tokens {name} G={G}"] = (x, lambda m, x=x, o=o: m.mx.quantize_dequantize_groups(x, o))
+        out[f"rowwise_groups_along_tokens {name} G={G}"] = (x, lambda m, x=x, o=o: m.rw.quantize_groups(x, o))
+        out[f"groups_along_tokens_blocked {name} G={G}"] = (x, lambda m, x=x, o=o: m.mx.quantize_groups_blocked(x, o))
     x = torch.randn(16384, 16384, device="cuda", dtype=torch.bfloat16)
     out["qdq_along_rows 16384x16384"] = (x, lambda m, x=x: m.mx.quantize_dequantize(x, 0))
     out["qdq_along_K 16384x16384"] = (x, lambda m, x=x: m.mx.quantize_dequantize(x, 1))
@@ -117,7 +118,8 @@ def main() -> None:
                    help="time CUDA-graph replays: GPU time alone, for calls whose host work outlasts their kernels")
     p.add_argument("--only", default="", help="run the cases whose name this regular expression matches")
     args = p.parse_args()
-    mods = {"baseline": load_baseline(args.baseline), "this tree": types.SimpleNamespace(mx=triton_mx, rw=triton_rowwise)}
+    mods = {"baseline": load_baseline(args.baseline),
+            "this tree": types.SimpleNamespace(mx=triton_mx, rw=triton_rowwise)}
     if args.host:
         rows = host(mods, args.rounds)
         machine = f"{platform.machine()} CPU, {os.cpu_count()} cores" + (
@@ -143,8 +145,9 @@ def main() -> None:
                **{f"{k} ms": statistics.median(v) for k, v in ms.items()}}
         row["this tree / baseline"] = row["this tree ms"] / row["baseline ms"]
         rows.append(row)
-        print(f"{name:<44} copy {copy_ms:.3f}  baseline {row['baseline ms']:.3f}  this tree {row['this tree ms']:.3f} ms"
-              f"  ratio {row['this tree / baseline']:.2f}  bit-equal {row['bit_equal']}", flush=True)
+        print(f"{name:<44} copy {copy_ms:.3f}  baseline {row['baseline ms']:.3f}"
+              f"  this tree {row['this tree ms']:.3f} ms  ratio {row['this tree / baseline']:.2f}"
+              f"  bit-equal {row['bit_equal']}", flush=True)
     args.out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                                     "triton": triton.__version__, "date": datetime.date.today().isoformat(),
                                     "baseline": str(args.baseline), "timer": bench.__name__, "rows": rows},

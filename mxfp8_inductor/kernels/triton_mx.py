@@ -568,7 +568,8 @@ def quantize_groups_blocked(
     Hp = ref._round_up(K, 128)
     S = ref.group_scale_rows(M, G)
     buf = torch.zeros(Hp, S + 4 * G, dtype=torch.uint8, device=x_MK.device)
-    padded_offs = torch.empty(G, dtype=torch.int32, device=x_MK.device)
+    # the kernel writes the padded group ends; an empty x launches no kernel
+    padded_offs = torch.empty(G, dtype=torch.int32, device=x_MK.device) if M * K else ref.padded_group_offs(offs)
     _launch_quant(_view3(x_MK, 0), _view3(data, 1), rounding, dequant=False,
                   scale_mode=BLOCKED_COL, r_ends=offs, pends=padded_offs, Hp=Hp, scale_buf=buf)
     return data.view(torch.float8_e4m3fn), buf.view(torch.float8_e8m0fnu), padded_offs
