@@ -9,23 +9,15 @@ in one process: wall per step (3 rounds of 20) and the CUDA kernel time per step
 `_launch_quant` has taken `_view3` geometry since.)
 """
 import os, sys, time, json
-sys.path.insert(0, "."); sys.path.insert(0, "examples")
+sys.path.insert(0, "."); sys.path.insert(0, "examples"); sys.path.insert(0, "benchmarks")
 import torch
 import mxfp8_inductor  # noqa
 from mxfp8_inductor.lowering import ops
 from mxfp8_inductor.kernels import triton_mx
 from torch.profiler import profile, ProfilerActivity
+from bench_launch import MODULES, _triton_route as tri, us_per_call as per_call
 res = {}
 dev = "cuda" if torch.cuda.is_available() else "cpu"
-
-def per_call(fn, n=3000):
-    for _ in range(200): fn()
-    if dev == "cuda": torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n): fn()
-    host = (time.perf_counter() - t) / n * 1e6
-    if dev == "cuda": torch.cuda.synchronize()
-    return host
 
 x = torch.randn(512, 512, device=dev, dtype=torch.bfloat16)
 offs = torch.tensor([100, 300, 512], device=dev, dtype=torch.int32)
@@ -44,10 +36,9 @@ if dev == "cuda" and os.environ.get("TRAIN", "1") == "1":
     args = train_moe.parse_args(["--steps", "1000"])
     data = train_moe.stdlib_bytes()
     train_N, _ = train_moe.split_data(data)
-    from mxfp8_inductor.kernels import launch as L, triton_mx, triton_rowwise, triton_fp8_gemm
+    from mxfp8_inductor.kernels import launch as L
     def route(impl):
-        for m in (triton_mx, triton_rowwise, triton_fp8_gemm): m.launch = impl
-    tri = lambda kernel, grid, *a, **k: kernel[grid](*a, **k)
+        for m in MODULES: m.launch = impl
     for recipe, impl in [("bf16", L.launch), ("mxfp8", tri), ("mxfp8", L.launch), ("fp8_rowwise", tri), ("fp8_rowwise", L.launch)]:
         route(impl)
         torch._dynamo.reset()

@@ -53,6 +53,16 @@ def _find(unit_end, G: tl.constexpr, x):
 
 
 @triton.jit
+def _scale_group_bounds(ends_ptr, G: tl.constexpr, GP: tl.constexpr, MODE: tl.constexpr):
+    """Each scale group's first and end index in lanes, from the G group row ends in memory: in
+    32-row blocks (BLOCKED_COL: groups along the blocks) or in rows (BLOCKED_ROW)."""
+    starts, ends, blk_ends = _groups(ends_ptr, G, GP, 32)
+    if MODE == 1:
+        starts, ends = blk_ends - (ends - starts + 31) // 32, blk_ends
+    return starts, ends
+
+
+@triton.jit
 def _padded_starts(count, PAD: tl.constexpr):
     """Exclusive running sum of per-group lane counts, each rounded up to a multiple of PAD: where
     each group starts in a layout that pads every group."""
@@ -273,14 +283,10 @@ def _mx_quant_kernel(
         else:
             r_y = r
             y_ok = r_ok
-        # each scale group's bounds in lanes: in blocks (groups along the blocks), in rows (along c)
-        if SCALE_MODE == 1:
-            s_end = blk_ends
-            s_first = blk_ends - (ends - starts + 31) // 32
-        elif SCALE_MODE == 2:
-            s_first, s_end, _ = _groups(s_ends_ptr, G_S, GP_S, 1)
-        else:
+        if SCALE_MODE == 0:
             s_first, s_end = jb, jb  # unread: plain scales take strides
+        else:
+            s_first, s_end = _scale_group_bounds(s_ends_ptr, G_S, GP_S, SCALE_MODE)
         for t in range(CITERS):
             c = (tl.program_id(1) * CITERS + t) * BLOCK_C + tl.arange(0, BLOCK_C)
             c_ok = c < C
@@ -332,7 +338,7 @@ def _to_blocked_kernel(
     col = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
     m = (col < cols)[:, None] & (row < rows)[None, :]
     v = tl.load(s_ptr + b * ss_b + row[None, :] * ss_r + col[:, None] * ss_c, mask=m)
-    first, end, _ = _groups(ends_ptr, G, GP, 1)  # ends: cumulative blocks (BLOCKED_COL) or rows
+    first, end = _scale_group_bounds(ends_ptr, G, GP, MODE)
     offs, ok = _scale_offsets(b, row, col, 0, 0, 0, first, end, G, Hp, Wp, MODE)
     tl.store(out_ptr + offs, v, mask=m & ok)
 
@@ -392,11 +398,6 @@ def _one_group(n: int, device: torch.device) -> torch.Tensor:
     return torch.full((1,), n, dtype=torch.int32, device=device)
 
 
-def _block_ends(offs: torch.Tensor) -> torch.Tensor:
-    """Cumulative count of 32-row blocks per group (a group's last block may be short)."""
-    return torch.cumsum((torch.diff(offs, prepend=offs.new_zeros(1)) + 31) // 32, 0, dtype=torch.int32)
-
-
 def _launch_quant(
     x3: View3, y3: View3, rounding: str, *, dequant: bool,
     s3: View3 | None = None, scale_mode: int = PLAIN,
@@ -405,7 +406,8 @@ def _launch_quant(
 ) -> None:
     """One `_mx_quant_kernel` launch. `r_ends`: token group ends along r; `pends`: when given, y
     holds every group padded to whole blocks (pre-zeroed) and `pends` receives the padded ends;
-    `s_ends`: group ends along c of BLOCKED_ROW scales (default: one group)."""
+    `s_ends`: group ends of BLOCKED_ROW scales along c (default: one group; BLOCKED_COL scales
+    take `r_ends`)."""
     ref.check_rounding(rounding)
     B, R, C = x3.shape
     if B * R * C == 0:
@@ -422,10 +424,9 @@ def _launch_quant(
     n_main = cdiv(ref.group_scale_rows(R, G_R) if grouped else R // 32, NB)
     # extra programs zero the rows past the last group end (none when the data is pre-zeroed)
     n_tail = cdiv(R, 32 * NB) if grouped and pends is None else 0
-    if scale_mode == BLOCKED_ROW and s_ends is None:
-        s_ends = _one_group(C, x.device)
-    # BLOCKED_COL scales are grouped as the blocks are
-    G_S = s_ends.numel() if s_ends is not None else G_R
+    if s_ends is None and scale_mode != PLAIN:  # BLOCKED_COL scales are grouped as the blocks are
+        s_ends = r_ends if scale_mode == BLOCKED_COL else _one_group(C, x.device)
+    G_S = s_ends.numel() if s_ends is not None else 1
     grid = (n_main + n_tail, cdiv(C, BLOCK_C * citers), B)
     # pointers the kernel never reads in this mode get y, not device tensors made for the call
     launch(
@@ -610,7 +611,7 @@ def to_blocked_groups(
     else:
         Hp = ref._round_up(rows, 128)
         out = torch.zeros(Hp, cols + G * 4, dtype=torch.uint8, device=scales.device)
-        _launch_blocked(s3, out, BLOCKED_COL, _block_ends(offs), Hp, 0)
+        _launch_blocked(s3, out, BLOCKED_COL, offs, Hp, 0)
     return out.view(torch.float8_e8m0fnu), starts
 
 
