@@ -181,6 +181,30 @@ def test_programs_of_several_column_tiles(monkeypatch, tiles):
         assert_bitwise_equal(tri.quantize_dequantize(w, dim), ref.quantize_dequantize(w, dim))
 
 
+def _every_quantizer(mod, x, w, offs) -> list[torch.Tensor]:
+    """The outputs of each quantizer of `mod` (tri or ref) for tokens x, weights w and group ends offs."""
+    w_ENK = w.transpose(1, 2)
+    return [*mod.quantize(x, 1), mod.quantize_dequantize(x, 1), mod.quantize_dequantize(w, 1),
+            *mod.quantize_groups(x, offs), mod.quantize_dequantize_groups(x, offs),
+            *mod.quantize_rows_blocked(x, offs), *mod.quantize_groups_blocked(x, offs),
+            *mod.quantize_weight_blocked(w_ENK)]
+
+
+def test_repeated_calls_launch_the_bound_kernel_with_their_own_tensors(monkeypatch):
+    """A second call with new values and new group ends of the same shapes takes the launch bound
+    by the first (one per quantizer and layout) and must read and write its own tensors: bit-exact."""
+    monkeypatch.setattr(tri, "_bound", {})
+    bound = []
+    for seed, sizes in enumerate(([70, 0, 33], [5, 64, 34])):  # same group count and rows, other ends
+        offs = make_offs(sizes)
+        x = _values((106, 64), seed, torch.bfloat16, True)
+        w = _values((3, 96, 64), seed, torch.bfloat16, True).transpose(1, 2)  # [E, K, N], K contiguous
+        for got, want in zip(_every_quantizer(tri, x, w, offs), _every_quantizer(ref, x, w, offs), strict=True):
+            assert_bitwise_equal(got, want)
+        bound.append(len(tri._bound))
+    assert bound == [8, 8]
+
+
 @pytest.mark.parametrize("sizes", [[0], [0, 0, 0]])
 def test_weight_gradient_operand_of_no_tokens(sizes):
     """No rows: no kernel runs, and the padded group ends still come back (all 0)."""

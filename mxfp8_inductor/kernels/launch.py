@@ -7,9 +7,15 @@ on the H200 machine (benchmarks/bench_launch.py). Here the compiled kernel Trito
 first call is kept under a key finer than Triton's specialization (every int by value, every
 tensor by dtype, device and pointer alignment), and later calls hand it straight to its launcher,
 as Inductor launches its own kernels. Off CUDA (the interpreter) this is `kernel[grid](...)`.
+
+`bind` goes one step further for callers that launch one kernel with the same arguments but
+new tensors every step: it returns the launch with everything but the tensors fixed, so the
+caller's own argument computation and the key above are paid once per shape, not per call.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from triton import knobs
@@ -18,15 +24,21 @@ _MAX_ENTRIES = 4096  # a bound for callers whose shapes never repeat; a cleared 
 _compiled: dict[tuple, tuple] = {}
 
 
-def launch(kernel, grid: tuple[int, ...], *args, **kwargs) -> None:
-    """`kernel[grid](*args, **kwargs)`: `args` are the kernel's leading parameters (args[0] a tensor
-    on the launch device), `kwargs` its remaining ones by name and launch options (num_warps, ...);
-    a callable `grid` is called with `kwargs`."""
-    if callable(grid):
-        grid = grid(kwargs)
-    if not args[0].is_cuda:
-        kernel[grid](*args, **kwargs)
-        return
+def _grid3(grid, kwargs) -> tuple[int, int, int]:
+    grid = grid(kwargs) if callable(grid) else grid
+    return grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1
+
+
+def _run(compiled, grid: tuple[int, int, int], device: int, full) -> None:
+    stream = torch._C._cuda_getCurrentRawStream(device)  # as Inductor's launchers get it
+    enter = knobs.runtime.launch_enter_hook
+    meta = compiled.launch_metadata(grid, stream, *full) if enter is not None else None
+    compiled.run(*grid, stream, compiled.function, compiled.packed_metadata, meta, enter,
+                 knobs.runtime.launch_exit_hook, *full)
+
+
+def _launch_cached(kernel, grid, args, kwargs):
+    """Launch on a CUDA device; returns the compiled kernel and its full argument tuple."""
     device = args[0].device.index  # the launch device, which the key and the stream follow
     # tensors by dtype and 16-byte pointer alignment (Triton's specialization, and finer), all else
     # by value (ints: finer than Triton's ==1, %16 and i32/i64 classes); built inline, not by a
@@ -39,12 +51,50 @@ def launch(kernel, grid: tuple[int, ...], *args, **kwargs) -> None:
             _compiled.clear()
         compiled = kernel[grid](*args, **kwargs)
         # its launcher takes every parameter in signature order, constexprs included
-        _compiled[key] = (compiled, kernel.arg_names[len(args):])
-        return
+        entry = _compiled[key] = (compiled, kernel.arg_names[len(args):])
+        return compiled, (*args, *(kwargs[name] for name in entry[1]))
     compiled, tail = entry
     full = (*args, *(kwargs[name] for name in tail))
-    stream = torch._C._cuda_getCurrentRawStream(device)  # as Inductor's launchers get it
-    enter = knobs.runtime.launch_enter_hook
-    meta = compiled.launch_metadata(grid, stream, *full) if enter is not None else None
-    compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
-                 compiled.function, compiled.packed_metadata, meta, enter, knobs.runtime.launch_exit_hook, *full)
+    _run(compiled, _grid3(grid, kwargs), device, full)
+    return compiled, full
+
+
+def launch(kernel, grid: tuple[int, ...], *args, **kwargs) -> None:
+    """`kernel[grid](*args, **kwargs)`: `args` are the kernel's leading parameters (args[0] a tensor
+    on the launch device), `kwargs` its remaining ones by name and launch options (num_warps, ...);
+    a callable `grid` is called with `kwargs`."""
+    if args[0].is_cuda:
+        _launch_cached(kernel, grid, args, kwargs)
+    else:
+        kernel[_grid3(grid, kwargs)](*args, **kwargs)
+
+
+def bind(kernel, grid: tuple[int, ...], args: tuple, kwargs: dict, tensors: tuple) -> Callable[..., None]:
+    """`launch(kernel, grid, *args, **kwargs)`, returning `again(*new)`: the same launch with
+    new[j] wherever `args` holds tensors[j] (the same object; None entries are skipped). The
+    caller keys `again` on all it fixes: every other argument, and the new tensors' dtypes and
+    16-byte alignment, which the compiled kernel is specialized on."""
+    slots = [next((j for j, t in enumerate(tensors) if t is a), None) if isinstance(a, torch.Tensor) else None
+             for a in args]
+    if not args[0].is_cuda:
+        launch(kernel, grid, *args, **kwargs)
+        base = [a if j is None else None for a, j in zip(args, slots)]
+
+        def again(*new) -> None:
+            kernel[_grid3(grid, kwargs)](*[a if j is None else new[j] for a, j in zip(base, slots)], **kwargs)
+
+        return again
+    device = args[0].device.index
+    compiled, full = _launch_cached(kernel, grid, args, kwargs)
+    grid3 = _grid3(grid, kwargs)
+    # the bound launch keeps no tensor the caller passes per call alive
+    fixed = [a if j is None else None for a, j in zip(full, slots + [None] * (len(full) - len(slots)))]
+    moved = [(i, j) for i, j in enumerate(slots) if j is not None]
+
+    def again(*new) -> None:
+        full = fixed.copy()
+        for i, j in moved:
+            full[i] = new[j]
+        _run(compiled, grid3, device, full)
+
+    return again
