@@ -205,6 +205,16 @@ def test_repeated_calls_launch_the_bound_kernel_with_their_own_tensors(monkeypat
     assert bound == [8, 8]
 
 
+@pytest.mark.parametrize("sizes", [[40, 0, 7], [47]])
+def test_rows_past_the_last_group_are_zeroed_by_several_tail_programs(sizes):
+    """1100 rows past offs[-1]: more than one tail program's TAIL_CHUNKS chunks with either tile."""
+    offs = make_offs(sizes)
+    x = _values((sum(sizes) + 1100, 32), 3, torch.bfloat16, False)
+    assert_bitwise_equal(tri.quantize_dequantize_groups(x, offs), ref.quantize_dequantize_groups(x, offs))
+    for got, want in zip(tri.quantize_groups(x, offs), ref.quantize_groups(x, offs)):
+        assert_bitwise_equal(got, want)
+
+
 @pytest.mark.parametrize("sizes", [[0], [0, 0, 0]])
 def test_weight_gradient_operand_of_no_tokens(sizes):
     """No rows: no kernel runs, and the padded group ends still come back (all 0)."""

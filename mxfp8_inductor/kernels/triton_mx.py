@@ -239,22 +239,24 @@ def _mx_quant_kernel(
     NB: tl.constexpr,
     BLOCK_C: tl.constexpr,
     CITERS: tl.constexpr,
+    TAIL_CHUNKS: tl.constexpr,
 ):
     """Program (p, q, b): blocks p*NB .. p*NB+NB-1 along r (global block ids: group after group),
     columns q*CITERS*BLOCK_C .. in CITERS tiles of [NB, 32, BLOCK_C], batch b; the block-to-group
     lookup is made once for all CITERS tiles. Programs p >= n_main zero the rows past the last
-    group end (quantize_groups leaves no row unwritten)."""
+    group end, TAIL_CHUNKS chunks of NB*32 rows each (quantize_groups leaves no row unwritten)."""
     pid = tl.program_id(0)
     b = tl.program_id(2).to(tl.int64)
     rr = tl.arange(0, 32)
     if pid >= n_main:
         last = tl.load(r_ends_ptr + G_R - 1).to(tl.int32)  # (a dummy pointer of any type when ungrouped)
-        r = last + (pid - n_main) * NB * 32 + tl.arange(0, NB)[:, None] * 32 + rr[None, :]
         zero = tl.zeros([NB, 32, BLOCK_C], dtype=y_ptr.dtype.element_ty)
-        for t in range(CITERS):
-            c = (tl.program_id(1) * CITERS + t) * BLOCK_C + tl.arange(0, BLOCK_C)
-            m = ((r < R)[:, :, None]) & (c < C)[None, None, :]
-            tl.store(y_ptr + b * sy_b + r[:, :, None] * sy_r + c[None, None, :] * sy_c, zero, mask=m)
+        for k in range(TAIL_CHUNKS):
+            r = last + ((pid - n_main) * TAIL_CHUNKS + k) * NB * 32 + tl.arange(0, NB)[:, None] * 32 + rr[None, :]
+            for t in range(CITERS):
+                c = (tl.program_id(1) * CITERS + t) * BLOCK_C + tl.arange(0, BLOCK_C)
+                m = ((r < R)[:, :, None]) & (c < C)[None, None, :]
+                tl.store(y_ptr + b * sy_b + r[:, :, None] * sy_r + c[None, None, :] * sy_c, zero, mask=m)
     else:
         jb = pid * NB + tl.arange(0, NB)
         if GROUPED:
@@ -432,6 +434,7 @@ def _launch_quant(
 
 
 _MAX_BOUND = 1024  # a bound for callers whose shapes never repeat
+_TAIL_CHUNKS = 16
 _bound: dict[tuple, tuple] = {}
 
 
@@ -450,8 +453,11 @@ def _bind_quant(tensors, x3, y3, s3, rounding, dequant, scale_mode, Hp, Wp, tile
     G_R = r_ends.numel() if grouped else 1
     NB, BLOCK_C, citers, warps = tile
     n_main = cdiv(ref.group_scale_rows(R, G_R) if grouped else R // 32, NB)
-    # extra programs zero the rows past the last group end (none when the data is pre-zeroed)
-    n_tail = cdiv(R, 32 * NB) if grouped and pends is None else 0
+    # extra programs zero the rows past the last group end (none when the data is pre-zeroed).
+    # Such rows are rare, but the programs are sized for all R: with one per NB*32 rows, a
+    # [16384, 16384] one-group quantize-dequantize took 1.08x the time it takes without them on
+    # the H200, 1.01-1.03x at the MoE shapes (benchmarks/results/tail_programs_h200.txt)
+    n_tail = cdiv(R, 32 * NB * _TAIL_CHUNKS) if grouped and pends is None else 0
     if s_ends is None and scale_mode != PLAIN:  # BLOCKED_COL scales are grouped as the blocks are
         s_ends = r_ends if scale_mode == BLOCKED_COL else _one_group(C, x.device)
     G_S = s_ends.numel() if s_ends is not None else 1
@@ -465,7 +471,8 @@ def _bind_quant(tensors, x3, y3, s3, rounding, dequant, scale_mode, Hp, Wp, tile
     )
     consts = dict(
         RCEIL=rounding == "rceil", DEQUANT=dequant, SCALE_MODE=scale_mode, PAD_Y=pends is not None, GROUPED=grouped,
-        OUT_BF16=y3.t.dtype == torch.bfloat16, HW_CVT=x.is_cuda, NB=NB, BLOCK_C=BLOCK_C, CITERS=citers, num_warps=warps,
+        OUT_BF16=y3.t.dtype == torch.bfloat16, HW_CVT=x.is_cuda, NB=NB, BLOCK_C=BLOCK_C, CITERS=citers,
+        TAIL_CHUNKS=_TAIL_CHUNKS, num_warps=warps,
     )
     return bind(_mx_quant_kernel, grid, args, consts, (x, y, *tensors[2:])), bits
 
