@@ -52,6 +52,14 @@ def test_2d3d_matches_emulation(case):
     _assert_close_to_emulation(out[:end], rowwise.scaled_grouped_mm(*args)[:end])
 
 
+def test_second_call_with_other_values_and_group_ends_uses_its_own_tensors():
+    """The second call takes the launch bound by the first (`launch.launch_keyed`)."""
+    for seed, sizes in enumerate(([40, 0, 17, 64], [64, 17, 0, 40])):
+        args = _forward_operands(sizes, 80, 40, seed=seed)
+        end = sum(sizes)
+        _assert_close_to_emulation(triton_fp8_gemm.scaled_grouped_mm(*args)[:end], rowwise.scaled_grouped_mm(*args)[:end])
+
+
 def test_only_the_sums_and_the_bf16_rounding_are_inexact():
     """Against the fp64 product of the dequantized operands: within half a bf16 ulp of it, plus
     the error bound of summing K terms in fp32 (K * 2^-24 times the sum of their magnitudes); on

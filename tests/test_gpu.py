@@ -183,10 +183,10 @@ def test_cached_launch_keys_alignment_and_layout():
     misaligned = base[1 : 1024 * 256 + 1].view(1024, 256)
     assert misaligned.data_ptr() % 16 != 0
     launch._compiled.clear()
-    tri._bound.clear()
+    launch._bound.clear()
     for x in (aligned, misaligned, aligned.t()):
         for _ in range(3):  # the first call fills the cache, the others launch from it
             assert_bitwise_equal(tri.quantize_dequantize(x, 1, "rceil"), ref.quantize_dequantize(x, 1, "rceil"))
     compiled = [entry[0] for entry in launch._compiled.values()]
     assert len(compiled) == 3 and len(set(map(id, compiled))) == 3
-    assert len(tri._bound) == 3
+    assert len(launch._bound) == 3

@@ -157,6 +157,17 @@ def test_triton_group_quantizer_tiles_smaller_than_groups(monkeypatch, amax_tile
         assert_bitwise_equal(a, b)
 
 
+@pytest.mark.interpreter
+def test_triton_group_quantizer_second_call_uses_its_own_tensors():
+    """A second call with new values and other group ends of the same shapes takes the bound
+    launches of the first (`launch.launch_keyed`) and must read and write its own tensors."""
+    for seed, sizes in enumerate(([70, 0, 33], [5, 64, 34])):
+        x, offs = _groups_case(sizes, K=48, tail=5, seed=seed)
+        assert_bitwise_equal(triton_rowwise.group_amax(x, offs), rowwise.group_amax(x, offs))
+        for a, b in zip(triton_rowwise.quantize_groups(x, offs), rowwise.quantize_groups(x, offs)):
+            assert_bitwise_equal(a, b)
+
+
 def test_rowwise_and_mxfp8_differ_only_where_a_row_spans_a_wide_range():
     """Power-of-two scales shift exponents without changing mantissas, so the two recipes round
     alike until one scale must cover values far below the row's max: rowwise pushes them into

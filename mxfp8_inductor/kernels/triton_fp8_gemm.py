@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import launch
+from .launch import launch_keyed
 from .triton_mx import _bits, _e4m3_decode, _find, _groups, _pick, _store_f32, cdiv, pow2
 
 F8 = torch.float8_e4m3fn
@@ -114,17 +114,24 @@ _gemm_2d3d_tuned = triton.autotune(GPU_CONFIGS, key=["N", "K"])(_gemm_2d3d_kerne
 _picked: dict[tuple, triton.Config] = {}
 
 
-def _launch(kernel, tuned, key: tuple, grid, *args, **consts) -> None:
-    """Run `kernel`. On GPU, `tuned` picks the config for `key` once and later calls launch with
-    it directly: the autotuner's own per-call dispatch costs ~40 us of host time, more than the
-    GEMMs of small MoE layers take on the GPU."""
+def _launch(kernel, tuned, key: tuple, grid, args: tuple, consts: dict) -> None:
+    """Run `kernel`. On GPU, `tuned` picks the config for `key` once and later calls take the
+    launch bound with it (`launch_keyed`): the autotuner's own per-call dispatch costs ~40 us of
+    host time, more than the GEMMs of small MoE layers take on the GPU."""
+    tensors = tuple(a for a in args if isinstance(a, torch.Tensor))
     if not consts["HW_CVT"]:
-        launch(kernel, grid, *args, **consts, **INTERPRETER_CONFIG)
-    elif (config := _picked.get(key)) is None:
+        config = INTERPRETER_CONFIG
+    elif (picked := _picked.get(key)) is None:
         tuned[grid](*args, **consts)
         _picked[key] = tuned.best_config
+        return
     else:
-        launch(kernel, grid, *args, **consts, **config.all_kwargs())
+        config = picked.all_kwargs()
+    # every launch argument follows from the non-tensor args, the consts and the tensors' dtypes,
+    # devices and alignment
+    bound_key = (kernel, *[a for a in args if not isinstance(a, torch.Tensor)], *consts.items(),
+                 *[(t.dtype, t.device, t.data_ptr() % 16) for t in tensors])
+    launch_keyed(bound_key, tensors, lambda: (kernel, grid, args, {**consts, **config}))
 
 
 def _check(a, b, scale_a, scale_b, offs) -> None:
@@ -175,7 +182,7 @@ def scaled_grouped_mm(
     grid = lambda c: ((cdiv(M, c["BM"]) + E) * cdiv(N, c["BN"]),)
     _launch(
         _gemm_2d3d_kernel, _gemm_2d3d_tuned, (N, K), grid,
-        a8, a8.stride(0), b8, b8.stride(0), b8.stride(2), scale_a.contiguous(), scale_b.contiguous(), _bits(out), offs,
-        M, N, K, E=E, EP=pow2(E), HW_CVT=a.is_cuda,
+        (a8, a8.stride(0), b8, b8.stride(0), b8.stride(2), scale_a.contiguous(), scale_b.contiguous(), _bits(out), offs,
+         M, N, K), dict(E=E, EP=pow2(E), HW_CVT=a.is_cuda),
     )
     return out

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from . import reference as ref
-from .launch import bind, launch
+from .launch import launch, launch_keyed
 
 PLAIN, BLOCKED_COL, BLOCKED_ROW = 0, 1, 2
 _BLOCK_C = 64
@@ -406,48 +406,35 @@ def _launch_quant(
     r_ends: torch.Tensor | None = None, pends: torch.Tensor | None = None,
     s_ends: torch.Tensor | None = None, Hp: int = 0, Wp: int = 0, scale_buf: torch.Tensor | None = None,
 ) -> None:
-    """One `_mx_quant_kernel` launch. `r_ends`: token group ends along r; `pends`: when given, y
-    holds every group padded to whole blocks (pre-zeroed) and `pends` receives the padded ends;
-    `s_ends`: group ends of BLOCKED_ROW scales along c (default: one group; BLOCKED_COL scales
-    take `r_ends`).
-
-    The launch is bound once per key (`launch.bind`): what the arguments below are computed from,
-    and every tensor's dtype, size and alignment. A compiled graph makes the same calls every
-    step, and on the H200 machine this host work took about as long as the launch itself."""
+    """One `_mx_quant_kernel` launch, bound once per shape, layout and mode (`launch_keyed`).
+    `r_ends`: token group ends along r; `pends`: when given, y holds every group padded to whole
+    blocks (pre-zeroed) and `pends` receives the padded ends; `s_ends`: group ends of BLOCKED_ROW
+    scales along c (default: one group; BLOCKED_COL scales take `r_ends`)."""
     B, R, C = x3.shape
     if B * R * C == 0:
         return
     grouped = r_ends is not None
     along = "rows" if x3.strides[1] == 1 else "cols" if not grouped else "groups" if r_ends.numel() > 1 else "one_group"
-    tensors = (x3.t, y3.t, scale_buf, r_ends, pends, s_ends)
-    key = (x3.shape, x3.strides, y3.strides, s3.strides if s3 is not None else None, rounding, dequant,
-           scale_mode, Hp, Wp, TILES[along], x3.t.device,
-           *[(t.dtype, t.numel(), t.data_ptr() % 16) if t is not None else None for t in tensors])
-    bound = _bound.get(key)
-    if bound is None:
-        if len(_bound) >= _MAX_BOUND:
-            _bound.clear()
-        _bound[key] = _bind_quant(tensors, x3, y3, s3, rounding, dequant, scale_mode, Hp, Wp, TILES[along])
-    else:
-        again, bits = bound
-        again(_bits(x3.t, bits), _bits(y3.t, bits), *tensors[2:])
-
-
-_MAX_BOUND = 1024  # a bound for callers whose shapes never repeat
-_TAIL_CHUNKS = 16
-_bound: dict[tuple, tuple] = {}
-
-
-def _bind_quant(tensors, x3, y3, s3, rounding, dequant, scale_mode, Hp, Wp, tile) -> tuple:
-    """Launch as `_launch_quant` describes; returns (the bound launch, whether bf16 goes as bits)."""
-    ref.check_rounding(rounding)
-    _, _, scale_buf, r_ends, pends, s_ends = tensors
-    B, R, C = x3.shape
-    grouped = r_ends is not None
+    tile = TILES[along]
     # the grouped quantize-dequantize runs 1.2-1.47x faster on int16 bits than on bf16 pointers on
     # the H200 at 1 to 8 groups (benchmarks/results/grouped_bits_h200.json)
     bits = grouped and dequant
-    x, y = _bits(x3.t, bits), _bits(y3.t, bits)
+    tensors = (_bits(x3.t, bits), _bits(y3.t, bits), scale_buf, r_ends, pends, s_ends)
+    key = (_mx_quant_kernel, x3.shape, x3.strides, y3.strides, s3.strides if s3 is not None else None, rounding,
+           dequant, scale_mode, Hp, Wp, tile, x3.t.device,
+           *[(t.dtype, t.numel(), t.data_ptr() % 16) if t is not None else None for t in tensors])
+    launch_keyed(key, tensors, lambda: _quant_launch(tensors, x3, y3, s3, rounding, dequant, scale_mode, Hp, Wp, tile))
+
+
+_TAIL_CHUNKS = 16
+
+
+def _quant_launch(tensors, x3, y3, s3, rounding, dequant, scale_mode, Hp, Wp, tile) -> tuple:
+    """(kernel, grid, args, kwargs) of the launch `_launch_quant` describes."""
+    ref.check_rounding(rounding)
+    x, y, scale_buf, r_ends, pends, s_ends = tensors
+    B, R, C = x3.shape
+    grouped = r_ends is not None
     if not grouped and R % ref.BLOCK:
         raise ValueError(f"block dim of size {R} is not a multiple of {ref.BLOCK}")
     G_R = r_ends.numel() if grouped else 1
@@ -474,7 +461,7 @@ def _bind_quant(tensors, x3, y3, s3, rounding, dequant, scale_mode, Hp, Wp, tile
         OUT_BF16=y3.t.dtype == torch.bfloat16, HW_CVT=x.is_cuda, NB=NB, BLOCK_C=BLOCK_C, CITERS=citers,
         TAIL_CHUNKS=_TAIL_CHUNKS, num_warps=warps,
     )
-    return bind(_mx_quant_kernel, grid, args, consts, (x, y, *tensors[2:])), bits
+    return _mx_quant_kernel, grid, args, consts
 
 
 def quantize(x: torch.Tensor, dim: int = -1, rounding: str = "rceil") -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,7 +10,7 @@ import triton.language as tl
 
 from . import reference as ref
 from . import rowwise
-from .launch import launch
+from .launch import launch_keyed
 from .triton_mx import (
     _bits, _e8m0_to_float, _find, _groups, _inv_scale, _load_f32, _pick, _scale_exponent, _scaled_to_e4m3, _widen,
     cdiv, pow2,
@@ -59,11 +59,13 @@ def group_amax(x_MK: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     if x_MK.stride(1) != 1:
         x_MK = x_MK.contiguous()
     out = torch.zeros(G, K, device=x_MK.device, dtype=torch.int32)
-    chunk, bm, bk, warps = AMAX_TILE
-    launch(
-        _group_amax_kernel, (cdiv(M, chunk), cdiv(K, bk)), _bits(x_MK), x_MK.stride(0), offs, out, K, G=G, GP=pow2(G),
-        CHUNK=chunk, BM=bm, BK=bk, num_warps=warps,
-    )
+    chunk, bm, bk, warps = tile = tuple(AMAX_TILE)
+    tensors = (_bits(x_MK), offs, out)
+    key = (_group_amax_kernel, M, K, x_MK.stride(0), G, tile, *[(t.dtype, t.device, t.data_ptr() % 16) for t in tensors])
+    launch_keyed(key, tensors, lambda: (
+        _group_amax_kernel, (cdiv(M, chunk), cdiv(K, bk)), (tensors[0], x_MK.stride(0), offs, out, K),
+        dict(G=G, GP=pow2(G), CHUNK=chunk, BM=bm, BK=bk, num_warps=warps),
+    ))
     return out.view(torch.float32)
 
 
@@ -136,11 +138,14 @@ def quantize_groups(
     data_KMp = torch.empty(K, Mp, dtype=torch.uint8, device=x_MK.device)
     scales_GK = torch.empty(G, K, dtype=torch.float32, device=x_MK.device)
     pends = torch.empty(G, dtype=torch.int32, device=x_MK.device)
-    bk, kiters, warps = CAST_TILE
-    launch(
+    bk, kiters, warps = tile = tuple(CAST_TILE)
+    tensors = (_bits(x_MK, True), offs, amax_GK, data_KMp, scales_GK, pends)
+    key = (_cast_groups_t_kernel, M, K, x_MK.stride(0), G, rounding, tile,
+           *[(t.dtype, t.device, t.data_ptr() % 16) for t in tensors])
+    launch_keyed(key, tensors, lambda: (
         _cast_groups_t_kernel, (cdiv(Mp, 2 * rowwise.ALIGN), cdiv(K, bk * kiters)),
-        _bits(x_MK, True), x_MK.stride(0), offs, amax_GK, data_KMp, scales_GK, pends, K, Mp,
-        G=G, GP=pow2(G), ALIGN=rowwise.ALIGN, RCEIL=rounding == "rceil",
-        HW_CVT=x_MK.is_cuda, BK=bk, KITERS=kiters, num_warps=warps,
-    )
+        (tensors[0], x_MK.stride(0), offs, amax_GK, data_KMp, scales_GK, pends, K, Mp),
+        dict(G=G, GP=pow2(G), ALIGN=rowwise.ALIGN, RCEIL=rounding == "rceil",
+             HW_CVT=x_MK.is_cuda, BK=bk, KITERS=kiters, num_warps=warps),
+    ))
     return data_KMp.view(torch.float8_e4m3fn), scales_GK, pends
