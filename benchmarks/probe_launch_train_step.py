@@ -1,6 +1,7 @@
 """Host time of the launch routes in a real training step: microseconds per quantizer call (a
 512x512 input), then examples/train_moe.py's model (forward + backward, no optimizer) per recipe
-with our kernels launched through Triton's own path ("triton") or kernels/launch.py ("cached"),
+with our kernels launched through Triton's own path ("triton"), `launch` ("cached") or
+`launch_keyed` ("bound"),
 in one process: wall per step (3 rounds of 20) and the CUDA kernel time per step.
 
     python benchmarks/probe_launch_train_step.py > benchmarks/results/launch_train_step_h200.txt
@@ -15,7 +16,7 @@ import mxfp8_inductor  # noqa
 from mxfp8_inductor.lowering import ops
 from mxfp8_inductor.kernels import triton_mx
 from torch.profiler import profile, ProfilerActivity
-from bench_launch import MODULES, _triton_route as tri, us_per_call as per_call
+from bench_launch import use_route, us_per_call as per_call
 res = {}
 dev = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -36,11 +37,9 @@ if dev == "cuda" and os.environ.get("TRAIN", "1") == "1":
     args = train_moe.parse_args(["--steps", "1000"])
     data = train_moe.stdlib_bytes()
     train_N, _ = train_moe.split_data(data)
-    from mxfp8_inductor.kernels import launch as L
-    def route(impl):
-        for m in MODULES: m.launch = impl
-    for recipe, impl in [("bf16", L.launch), ("mxfp8", tri), ("mxfp8", L.launch), ("fp8_rowwise", tri), ("fp8_rowwise", L.launch)]:
-        route(impl)
+    for recipe, route in [("bf16", "bound"), ("mxfp8", "triton"), ("mxfp8", "cached"), ("mxfp8", "bound"),
+                          ("fp8_rowwise", "triton"), ("fp8_rowwise", "cached"), ("fp8_rowwise", "bound")]:
+        use_route(route)
         torch._dynamo.reset()
         model = train_moe.build_model(args, dev)
         train_moe.compile_blocks(model, recipe)
@@ -63,4 +62,4 @@ if dev == "cuda" and os.environ.get("TRAIN", "1") == "1":
             for _ in range(5): step()
             torch.cuda.synchronize()
         kern = sum(k.device_time_total for k in prof.key_averages()) / 5 / 1e3
-        print(f"==== train fwd+bwd {recipe} route={'cached' if impl is L.launch else 'triton'}: wall {sorted(walls)} ms, kernels {kern:.2f} ms", flush=True)
+        print(f"==== train fwd+bwd {recipe} route={route}: wall {sorted(walls)} ms, kernels {kern:.2f} ms", flush=True)
