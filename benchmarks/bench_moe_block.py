@@ -29,8 +29,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import mxfp8_inductor  # noqa: E402,F401  (registers backend="mxfp8")
-from moe_model import GroupedExperts  # noqa: E402
-from shapes import SHAPES, TOKENS, uneven_counts  # noqa: E402
+from shapes import SHAPES, block_and_inputs  # noqa: E402
 
 def sqnr(ref: torch.Tensor, x: torch.Tensor) -> float:
     ref, x = ref.double(), x.double()
@@ -39,12 +38,7 @@ def sqnr(ref: torch.Tensor, x: torch.Tensor) -> float:
 
 def measure(shape: str, recipes: list[str], rounds: int) -> list[dict]:
     """bf16 compiled and each recipe compiled, timed side by side on the same inputs."""
-    E, D, F = SHAPES[shape]
-    torch.manual_seed(0)
-    block = GroupedExperts(E, D, F).cuda().bfloat16()
-    x = torch.randn(TOKENS, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    counts = uneven_counts(E, TOKENS)
-    grad = torch.randn(TOKENS, D, device="cuda", dtype=torch.bfloat16)
+    block, x, counts, grad = block_and_inputs(shape)
     fns = {"bf16": (block, torch.compile(block))}
     for recipe in recipes:
         mod = copy.deepcopy(block)

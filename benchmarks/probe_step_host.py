@@ -10,18 +10,12 @@ import torch
 ROOT = pathlib.Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT / "examples")); sys.path.insert(0, str(ROOT / "benchmarks"))
 import mxfp8_inductor  # noqa: E402  (from PYTHONPATH: the tree under test)
-from moe_model import GroupedExperts  # noqa: E402
-from shapes import SHAPES, TOKENS, uneven_counts  # noqa: E402
+from shapes import block_and_inputs  # noqa: E402
 
 
 def host_and_wall_ms(shape: str, recipe: str, steps: int = 20, repeats: int = 3) -> tuple[float, float]:
     torch._dynamo.reset()
-    E, D, F = SHAPES[shape]
-    torch.manual_seed(0)
-    block = GroupedExperts(E, D, F).cuda().bfloat16()
-    x = torch.randn(TOKENS, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    counts = uneven_counts(E, TOKENS)
-    grad = torch.randn(TOKENS, D, device="cuda", dtype=torch.bfloat16)
+    block, x, counts, grad = block_and_inputs(shape)
     fn = torch.compile(block) if recipe == "bf16" else torch.compile(block, backend="mxfp8", options={"recipe": recipe})
 
     def step():

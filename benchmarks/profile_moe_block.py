@@ -7,18 +7,13 @@ Wall time well above kernel time means the step is bound by host work (Python, l
 import os, sys, time, torch
 sys.path.insert(0, "."); sys.path.insert(0, "examples"); sys.path.insert(0, "benchmarks")
 import mxfp8_inductor  # noqa
-from moe_model import GroupedExperts
-from shapes import SHAPES, TOKENS, uneven_counts
+from shapes import block_and_inputs
 from torch.profiler import profile, ProfilerActivity
 TOPK = int(os.environ.get("TOPK", 16))  # kernels listed per profile
 for arg in sys.argv[1:]:
     shape, recipe = arg.split(":")
     torch._dynamo.reset()
-    E, D, F = SHAPES[shape]
-    torch.manual_seed(0)
-    block = GroupedExperts(E, D, F).cuda().bfloat16()
-    x = torch.randn(TOKENS, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    counts = uneven_counts(E, TOKENS); grad = torch.randn(TOKENS, D, device="cuda", dtype=torch.bfloat16)
+    block, x, counts, grad = block_and_inputs(shape)
     fn = torch.compile(block, backend="mxfp8", options={"recipe": recipe}) if recipe != "bf16" else torch.compile(block)
     def step():
         out = fn(x, counts); out.backward(grad)

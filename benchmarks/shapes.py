@@ -13,3 +13,16 @@ def uneven_counts(E: int, M: int) -> torch.Tensor:
     counts = (w / w.sum() * M).floor().int()
     counts[0] += M - counts.sum()
     return counts.cuda()
+
+
+def block_and_inputs(shape: str):
+    """The bf16 MoE block of `shape` on the GPU (seed 0), its routed tokens x [TOKENS, D] (requiring
+    grad), the uneven tokens per expert and a gradient for its output."""
+    from moe_model import GroupedExperts  # examples/ is on the path of every benchmark
+
+    E, D, F = SHAPES[shape]
+    torch.manual_seed(0)
+    block = GroupedExperts(E, D, F).cuda().bfloat16()
+    x = torch.randn(TOKENS, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    grad = torch.randn(TOKENS, D, device="cuda", dtype=torch.bfloat16)
+    return block, x, uneven_counts(E, TOKENS), grad
