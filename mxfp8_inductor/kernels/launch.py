@@ -106,10 +106,13 @@ _bound: dict[tuple, Callable[..., None]] = {}
 
 
 def launch_keyed(key: tuple, tensors: tuple, prepare: Callable[[], tuple]) -> None:
-    """Launch the kernel bound under `key` with `tensors`; on a miss `prepare()` returns (kernel,
-    grid, args, kwargs) for `launch`, with the objects of `tensors` among args, and the launch is
-    made and bound (`bind`). The key must fix everything `prepare` computes from, and the dtype,
-    device and 16-byte alignment of each tensor."""
+    """Launch the kernel bound under `key` with `tensors` (tensors[0] on the launch device; None
+    entries allowed); on a miss `prepare()` returns (kernel, grid, args, kwargs) for `launch`, with
+    the objects of `tensors` among args, and the launch is made and bound (`bind`). `key` must fix
+    every non-tensor input of `prepare`; each tensor's dtype, size and 16-byte alignment (what the
+    compiled kernel is specialized on) are added here."""
+    key = (key, tensors[0].device,
+           *[(t.dtype, t.numel(), t.data_ptr() % 16) if t is not None else None for t in tensors])
     again = _bound.get(key)
     if again is None:
         if len(_bound) >= _MAX_ENTRIES:

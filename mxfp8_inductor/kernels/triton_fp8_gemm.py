@@ -127,10 +127,8 @@ def _launch(kernel, tuned, key: tuple, grid, args: tuple, consts: dict) -> None:
         return
     else:
         config = picked.all_kwargs()
-    # every launch argument follows from the non-tensor args, the consts and the tensors' dtypes,
-    # devices and alignment
-    bound_key = (kernel, *[a for a in args if not isinstance(a, torch.Tensor)], *consts.items(),
-                 *[(t.dtype, t.device, t.data_ptr() % 16) for t in tensors])
+    # every other launch argument follows from the non-tensor args and the consts
+    bound_key = (kernel, *[a for a in args if not isinstance(a, torch.Tensor)], *consts.items())
     launch_keyed(bound_key, tensors, lambda: (kernel, grid, args, {**consts, **config}))
 
 

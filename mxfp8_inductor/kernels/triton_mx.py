@@ -421,8 +421,7 @@ def _launch_quant(
     bits = grouped and dequant
     tensors = (_bits(x3.t, bits), _bits(y3.t, bits), scale_buf, r_ends, pends, s_ends)
     key = (_mx_quant_kernel, x3.shape, x3.strides, y3.strides, s3.strides if s3 is not None else None, rounding,
-           dequant, scale_mode, Hp, Wp, tile, x3.t.device,
-           *[(t.dtype, t.numel(), t.data_ptr() % 16) if t is not None else None for t in tensors])
+           dequant, scale_mode, Hp, Wp, tile)
     launch_keyed(key, tensors, lambda: _quant_launch(tensors, x3, y3, s3, rounding, dequant, scale_mode, Hp, Wp, tile))
 
 

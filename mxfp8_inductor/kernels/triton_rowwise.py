@@ -61,7 +61,7 @@ def group_amax(x_MK: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     out = torch.zeros(G, K, device=x_MK.device, dtype=torch.int32)
     chunk, bm, bk, warps = tile = tuple(AMAX_TILE)
     tensors = (_bits(x_MK), offs, out)
-    key = (_group_amax_kernel, M, K, x_MK.stride(0), G, tile, *[(t.dtype, t.device, t.data_ptr() % 16) for t in tensors])
+    key = (_group_amax_kernel, M, K, x_MK.stride(0), G, tile)
     launch_keyed(key, tensors, lambda: (
         _group_amax_kernel, (cdiv(M, chunk), cdiv(K, bk)), (tensors[0], x_MK.stride(0), offs, out, K),
         dict(G=G, GP=pow2(G), CHUNK=chunk, BM=bm, BK=bk, num_warps=warps),
@@ -140,8 +140,7 @@ def quantize_groups(
     pends = torch.empty(G, dtype=torch.int32, device=x_MK.device)
     bk, kiters, warps = tile = tuple(CAST_TILE)
     tensors = (_bits(x_MK, True), offs, amax_GK, data_KMp, scales_GK, pends)
-    key = (_cast_groups_t_kernel, M, K, x_MK.stride(0), G, rounding, tile,
-           *[(t.dtype, t.device, t.data_ptr() % 16) for t in tensors])
+    key = (_cast_groups_t_kernel, M, K, x_MK.stride(0), G, rounding, tile)
     launch_keyed(key, tensors, lambda: (
         _cast_groups_t_kernel, (cdiv(Mp, 2 * rowwise.ALIGN), cdiv(K, bk * kiters)),
         (tensors[0], x_MK.stride(0), offs, amax_GK, data_KMp, scales_GK, pends, K, Mp),
