@@ -46,7 +46,7 @@ def cases(x_MK: torch.Tensor, offs: torch.Tensor, w_ENK: torch.Tensor):
 
 def sweep() -> None:
     """Fraction of copy bandwidth per tile (blocks per program, columns per tile, tiles per
-    program, warps) of each `tri.TILES` case: blocks along the contiguous dim (qdq along K),
+    program, warps; the band of the default tile) of each `tri.TILES` case: blocks along the contiguous dim (qdq along K),
     across rows (qdq along the rows of one group), across rows in token groups (qdq per group
     along the tokens, at 8, 16 and 64 groups)."""
     probs = {"16384x16384 G=1": (16384, 16384, 1), "dsv3 x G=8": (TOKENS, 7168, 8),
@@ -67,7 +67,7 @@ def sweep() -> None:
             cases = {"rows": lambda: tri.quantize_dequantize(x, -1), "cols": lambda: tri.quantize_dequantize(x, 0)}
         for key, fn in cases.items():
             for cfg in configs[key]:
-                tri.TILES[key] = cfg
+                tri.TILES[key] = (*cfg, default[key][4])
                 ms = do_bench(fn, return_mode="median")
                 print(f"{name:<17} {key:<6} tile={cfg} {copy_ms / ms:5.2f}x copy", flush=True)
             tri.TILES[key] = default[key]

@@ -26,7 +26,7 @@ for name, (E, D, F) in SHAPES.items():
     probs[f"{name} qdq x along K"] = (lambda x=x: tri.quantize_dequantize(x, -1), 4 * x.numel())
     probs[f"{name} rows_1x32_blocked"] = (lambda x=x, o=offs: tri.quantize_rows_blocked(x, o), 3 * x.numel())
 for tile in [(8, 16, 1, 4), (4, 32, 2, 4), (4, 32, 1, 4), (8, 16, 2, 4), (2, 32, 1, 4)]:
-    tri.TILES["rows"] = tile
+    tri.TILES["rows"] = (*tile, 0)
     line = f"rows tile={tile}:"
     for name, (fn, moved) in probs.items():
         ms = do_bench(fn, return_mode="median")

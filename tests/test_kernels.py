@@ -161,12 +161,13 @@ def test_weight_gradient_operand_of_one_and_several_groups(sizes, dtype, x_trans
 
 
 @pytest.mark.parametrize("tiles", [
-    {"rows": (2, 16, 3, 1), "cols": (1, 16, 3, 1), "one_group": (2, 16, 2, 1), "groups": (2, 16, 3, 1)},
-    {"rows": (1, 32, 2, 2), "cols": (2, 32, 2, 2), "one_group": (1, 16, 3, 1), "groups": (1, 16, 4, 1)},
+    {"rows": (2, 16, 3, 1, 0), "cols": (1, 16, 3, 1, 1), "one_group": (2, 16, 2, 1, 0), "groups": (2, 16, 3, 1, 1)},
+    {"rows": (1, 32, 2, 2, 2), "cols": (2, 32, 2, 2, 3), "one_group": (1, 16, 3, 1, 2), "groups": (1, 16, 4, 1, 3)},
 ])
 def test_programs_of_several_column_tiles(monkeypatch, tiles):
     """Programs looping over several column tiles (the last one ragged, some past the end) after
-    one group lookup: every quantizer layout still bit-exact, groups empty and unaligned, or one."""
+    one group lookup, on a 2-D grid or walking bands of 1-3 row strips (the last band short):
+    every quantizer layout still bit-exact, groups empty and unaligned, or one."""
     monkeypatch.setattr(tri, "TILES", tiles)
     offs, one = make_offs([70, 0, 33, 1, 64]), make_offs([150])
     x = _values((171, 80), 7, torch.bfloat16, True)

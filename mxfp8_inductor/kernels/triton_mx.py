@@ -26,12 +26,27 @@ from .launch import launch, launch_keyed
 
 PLAIN, BLOCKED_COL, BLOCKED_ROW = 0, 1, 2
 _BLOCK_C = 64
-# (blocks per program, columns per tile, tiles per program, warps), keyed by where the blocks run:
-# along the contiguous dim ("rows"), across rows ("cols"), across rows in one token group
+# (blocks per program, columns per tile, tiles per program, warps, band), keyed by where the blocks
+# run: along the contiguous dim ("rows"), across rows ("cols"), across rows in one token group
 # ("one_group": the group table is read, with no lookup to share across tiles) and in several
 # ("groups": one block per program, several column tiles per block-to-group lookup); best of
-# bench_quantize.py --sweep and probe_baseline_kernels.py (benchmarks/results/cols_tile_h200.json)
-TILES = {"rows": (8, 16, 1, 4), "cols": (1, 128, 1, 2), "one_group": (2, 64, 1, 2), "groups": (1, 64, 4, 2)}
+# bench_quantize.py --sweep and probe_baseline_kernels.py (benchmarks/results/cols_tile_h200.json).
+# band 0: a 2-D grid, row strips fastest; band n: a 1-D grid walking bands of n row strips column
+# strip by column strip. Per-group quantize-dequantize at the MoE token shapes ran 0.03-0.06 of
+# copy faster in bands of one row strip; every other case ran faster on the 2-D grid
+# (benchmarks/probe_band_order.py -> benchmarks/results/band_order_h200.json)
+TILES = {"rows": (8, 16, 1, 4, 0), "cols": (1, 128, 1, 2, 0), "one_group": (2, 64, 1, 2, 0), "groups": (1, 64, 4, 2, 1)}
+
+
+@triton.jit
+def _band_order(pid, n_r, n_c, BAND: tl.constexpr):
+    """(row strip, column strip) of program `pid` of a 1-D grid over n_r x n_c tiles that walks
+    bands of BAND row strips column strip by column strip."""
+    per_band = BAND * n_c
+    first = (pid // per_band) * BAND
+    rows = tl.minimum(n_r - first, BAND)
+    local = pid % per_band
+    return first + local % rows, local // rows
 
 
 @triton.jit
@@ -226,7 +241,7 @@ def _mx_quant_kernel(
     x_ptr, sx_b, sx_r, sx_c,
     y_ptr, sy_b, sy_r, sy_c,
     s_ptr, ss_b, ss_blk, ss_c,
-    R, C, n_main,
+    R, C, n_main, n_r,
     r_ends_ptr, G_R: tl.constexpr, GP_R: tl.constexpr, pends_ptr,
     s_ends_ptr, G_S: tl.constexpr, GP_S: tl.constexpr, Hp, Wp,
     RCEIL: tl.constexpr,
@@ -240,12 +255,16 @@ def _mx_quant_kernel(
     BLOCK_C: tl.constexpr,
     CITERS: tl.constexpr,
     TAIL_CHUNKS: tl.constexpr,
+    BAND: tl.constexpr,
 ):
     """Program (p, q, b): blocks p*NB .. p*NB+NB-1 along r (global block ids: group after group),
     columns q*CITERS*BLOCK_C .. in CITERS tiles of [NB, 32, BLOCK_C], batch b; the block-to-group
     lookup is made once for all CITERS tiles. Programs p >= n_main zero the rows past the last
     group end, TAIL_CHUNKS chunks of NB*32 rows each (quantize_groups leaves no row unwritten)."""
-    pid = tl.program_id(0)
+    if BAND == 0:
+        pid, pid_c = tl.program_id(0), tl.program_id(1)
+    else:
+        pid, pid_c = _band_order(tl.program_id(0), n_r, tl.cdiv(C, BLOCK_C * CITERS), BAND)
     b = tl.program_id(2).to(tl.int64)
     rr = tl.arange(0, 32)
     if pid >= n_main:
@@ -254,7 +273,7 @@ def _mx_quant_kernel(
         for k in range(TAIL_CHUNKS):
             r = last + ((pid - n_main) * TAIL_CHUNKS + k) * NB * 32 + tl.arange(0, NB)[:, None] * 32 + rr[None, :]
             for t in range(CITERS):
-                c = (tl.program_id(1) * CITERS + t) * BLOCK_C + tl.arange(0, BLOCK_C)
+                c = (pid_c * CITERS + t) * BLOCK_C + tl.arange(0, BLOCK_C)
                 m = ((r < R)[:, :, None]) & (c < C)[None, None, :]
                 tl.store(y_ptr + b * sy_b + r[:, :, None] * sy_r + c[None, None, :] * sy_c, zero, mask=m)
     else:
@@ -279,7 +298,7 @@ def _mx_quant_kernel(
             # benchmarks/results/native_wgrad_store_h200.json)
             r_y = jb[:, None] * 32 + rr[None, :]
             y_ok = tl.broadcast_to((g < G_R)[:, None], (NB, 32))
-            if (pid == 0) & (tl.program_id(1) == 0) & (tl.program_id(2) == 0):
+            if (pid == 0) & (pid_c == 0) & (tl.program_id(2) == 0):
                 i = tl.arange(0, GP_R)
                 tl.store(pends_ptr + i, blk_ends * 32, mask=i < G_R)  # the padded group ends
         else:
@@ -290,7 +309,7 @@ def _mx_quant_kernel(
         else:
             s_first, s_end = _scale_group_bounds(s_ends_ptr, G_S, GP_S, SCALE_MODE)
         for t in range(CITERS):
-            c = (tl.program_id(1) * CITERS + t) * BLOCK_C + tl.arange(0, BLOCK_C)
+            c = (pid_c * CITERS + t) * BLOCK_C + tl.arange(0, BLOCK_C)
             c_ok = c < C
             m = r_ok[:, :, None] & c_ok[None, None, :]
             x = _load_f32(x_ptr + b * sx_b + r[:, :, None] * sx_r + c[None, None, :] * sx_c, m)
@@ -437,7 +456,7 @@ def _quant_launch(tensors, x3, y3, s3, rounding, dequant, scale_mode, Hp, Wp, ti
     if not grouped and R % ref.BLOCK:
         raise ValueError(f"block dim of size {R} is not a multiple of {ref.BLOCK}")
     G_R = r_ends.numel() if grouped else 1
-    NB, BLOCK_C, citers, warps = tile
+    NB, BLOCK_C, citers, warps, band = tile
     n_main = cdiv(ref.group_scale_rows(R, G_R) if grouped else R // 32, NB)
     # extra programs zero the rows past the last group end (none when the data is pre-zeroed).
     # Such rows are rare, but the programs are sized for all R: with one per NB*32 rows, a
@@ -447,18 +466,19 @@ def _quant_launch(tensors, x3, y3, s3, rounding, dequant, scale_mode, Hp, Wp, ti
     if s_ends is None and scale_mode != PLAIN:  # BLOCKED_COL scales are grouped as the blocks are
         s_ends = r_ends if scale_mode == BLOCKED_COL else _one_group(C, x.device)
     G_S = s_ends.numel() if s_ends is not None else 1
-    grid = (n_main + n_tail, cdiv(C, BLOCK_C * citers), B)
+    n_r, n_c = n_main + n_tail, cdiv(C, BLOCK_C * citers)
+    grid = (n_r, n_c, B) if band == 0 else (n_r * n_c, 1, B)
     # pointers the kernel never reads in this mode get y, not device tensors made for the call
     args = (
         x, *x3.strides, y, *y3.strides, y if scale_buf is None else scale_buf,
-        *(s3.strides if s3 is not None else (0, 0, 0)), R, C, n_main,
+        *(s3.strides if s3 is not None else (0, 0, 0)), R, C, n_main, n_r,
         r_ends if grouped else y, G_R, pow2(G_R), y if pends is None else pends,
         y if s_ends is None else s_ends, G_S, pow2(G_S), Hp, Wp,
     )
     consts = dict(
         RCEIL=rounding == "rceil", DEQUANT=dequant, SCALE_MODE=scale_mode, PAD_Y=pends is not None, GROUPED=grouped,
         OUT_BF16=y3.t.dtype == torch.bfloat16, HW_CVT=x.is_cuda, NB=NB, BLOCK_C=BLOCK_C, CITERS=citers,
-        TAIL_CHUNKS=_TAIL_CHUNKS, num_warps=warps,
+        TAIL_CHUNKS=_TAIL_CHUNKS, BAND=band, num_warps=warps,
     )
     return _mx_quant_kernel, grid, args, consts
 
