@@ -1,6 +1,7 @@
 """Host time per call of our Triton kernels: Triton's own launch path (`kernel[grid](...)`), the
-cached launcher of `kernels/launch.py` (`launch`) and the launch bound once per key
-(`launch_keyed`), measured side by side in one run.
+cached launcher of `kernels/launch.py` (`launch`), the launch bound once per key (`launch_keyed`)
+and, for the quantize-dequantize wrappers, their per-call plans on top of it (`triton_mx._plans`;
+"planned"), measured side by side in one run.
 
     python benchmarks/bench_launch.py [--out benchmarks/results/launch_h200.json]
 
@@ -40,13 +41,18 @@ def _cached_route(key, tensors, prepare) -> None:
     launch.launch(kernel, grid, *args, **kwargs)
 
 
-# how the per-step kernels launch: the two earlier ways, and the launch bound once per key
-ROUTES = {"triton": _triton_route, "cached": _cached_route, "bound": launch.launch_keyed}
+# how the per-step kernels launch: the two earlier ways, the launch bound once per key, and that
+# reached through the quantize-dequantize wrappers' plans
+ROUTES = {"triton": _triton_route, "cached": _cached_route, "bound": launch.launch_keyed,
+          "planned": launch.launch_keyed}
+_planned = triton_mx._planned
 
 
 def use_route(name: str) -> None:
     for mod in MODULES:
         mod.launch_keyed = ROUTES[name]
+    triton_mx._plans.clear()
+    triton_mx._planned = _planned if name == "planned" else (lambda key, x, offs: None)
 
 
 def us_per_call(fn, calls: int = 3000, warmup: int = 200) -> float:
@@ -86,10 +92,11 @@ def main() -> None:
                 use_route(route)
                 row[route] = min(row.get(route, float("inf")), us_per_call(fn))
         rows.append(row)
-    use_route("bound")
-    print(f"{'call':<32} {'triton us':>9} {'cached us':>9} {'bound us':>9} {'triton/bound':>12}")
+    use_route("planned")
+    print(f"{'call':<32} {'triton us':>9} {'cached us':>9} {'bound us':>9} {'planned us':>10} {'triton/planned':>14}")
     for r in rows:
-        print(f"{r['call']:<32} {r['triton']:9.1f} {r['cached']:9.1f} {r['bound']:9.1f} {r['triton'] / r['bound']:11.2f}x")
+        print(f"{r['call']:<32} {r['triton']:9.1f} {r['cached']:9.1f} {r['bound']:9.1f} {r['planned']:10.1f}"
+              f" {r['triton'] / r['planned']:13.2f}x")
     with open(args.out, "w") as f:
         json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
                    "date": datetime.date.today().isoformat(), "unit": "us of host time per call",

@@ -105,12 +105,13 @@ def bind(kernel, grid: tuple[int, ...], args: tuple, kwargs: dict, tensors: tupl
 _bound: dict[tuple, Callable[..., None]] = {}
 
 
-def launch_keyed(key: tuple, tensors: tuple, prepare: Callable[[], tuple]) -> None:
+def launch_keyed(key: tuple, tensors: tuple, prepare: Callable[[], tuple]) -> Callable[..., None]:
     """Launch the kernel bound under `key` with `tensors` (tensors[0] on the launch device; None
     entries allowed); on a miss `prepare()` returns (kernel, grid, args, kwargs) for `launch`, with
     the objects of `tensors` among args, and the launch is made and bound (`bind`). `key` must fix
     every non-tensor input of `prepare`; each tensor's dtype, size and 16-byte alignment (what the
-    compiled kernel is specialized on) are added here."""
+    compiled kernel is specialized on) are added here. Returns the bound launch, for callers
+    that key it themselves on less."""
     key = (key, tensors[0].device,
            *[(t.dtype, t.numel(), t.data_ptr() % 16) if t is not None else None for t in tensors])
     again = _bound.get(key)
@@ -118,6 +119,7 @@ def launch_keyed(key: tuple, tensors: tuple, prepare: Callable[[], tuple]) -> No
         if len(_bound) >= _MAX_ENTRIES:
             _bound.clear()
         kernel, grid, args, kwargs = prepare()
-        _bound[key] = bind(kernel, grid, args, kwargs, tensors)
+        again = _bound[key] = bind(kernel, grid, args, kwargs, tensors)
     else:
         again(*tensors)
+    return again
