@@ -1,0 +1,76 @@
+"""Global and shared memory instructions of the MXFP8 quantizer as Triton builds it for sm_90,
+without a GPU (Triton's bundled ptxas): are the loads and stores 16 bytes wide?
+
+    python benchmarks/probe_ptx.py [--dump DIR]
+
+Each case compiles `_mx_quant_kernel` with the constants and the integer and pointer
+specialization (divisible by 16, strides of 1 as constants) that its launch gets at the MoE and
+16384x16384 shapes. The counts are of instructions in the PTX, not of executions: a tail branch
+that never runs at those shapes still shows its byte stores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import pathlib
+import re
+import sys
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, str(pathlib.Path(__file__).parents[1]))
+from mxfp8_inductor.kernels import triton_mx as tri  # noqa: E402
+
+POINTERS = ("x_ptr", "y_ptr", "s_ptr", "r_ends_ptr", "pends_ptr", "s_ends_ptr")
+BASE = dict(RCEIL=True, OUT_BF16=True, HW_CVT=True, TAIL_CHUNKS=16, G_S=1, GP_S=1)
+# (x, y, scales) element types, constants (the tile, the mode, strides equal to 1), warps
+CASES = {
+    "qdq across rows (cols tile)": (("bf16", "bf16", "bf16"), dict(
+        sx_c=1, sy_c=1, DEQUANT=True, SCALE_MODE=0, PAD_Y=False, GROUPED=False, G_R=1, GP_R=1,
+        NB=1, BLOCK_C=128, CITERS=1, BAND=0), 2),
+    "qdq one group (int16 bits)": (("i16", "i16", "i16"), dict(
+        sx_c=1, sy_c=1, DEQUANT=True, SCALE_MODE=0, PAD_Y=False, GROUPED=True, G_R=1, GP_R=1,
+        NB=2, BLOCK_C=64, CITERS=1, BAND=0), 2),
+    "qdq 8 groups (int16 bits)": (("i16", "i16", "i16"), dict(
+        sx_c=1, sy_c=1, DEQUANT=True, SCALE_MODE=0, PAD_Y=False, GROUPED=True, G_R=8, GP_R=8,
+        NB=1, BLOCK_C=64, CITERS=4, BAND=1), 2),
+    "weights_along_N_blocked (transposing)": (("bf16", "u8", "u8"), dict(
+        sx_c=1, sy_r=1, DEQUANT=False, SCALE_MODE=2, PAD_Y=False, GROUPED=False, G_R=1, GP_R=1,
+        NB=1, BLOCK_C=128, CITERS=1, BAND=0), 2),
+    "groups_along_tokens_blocked one group (transposing)": (("bf16", "u8", "u8"), dict(
+        sx_c=1, sy_r=1, DEQUANT=False, SCALE_MODE=1, PAD_Y=True, GROUPED=True, G_R=1, GP_R=1,
+        NB=2, BLOCK_C=64, CITERS=1, BAND=0), 2),
+}
+
+
+def compile_ptx(types: tuple[str, str, str], consts: dict, warps: int) -> str:
+    fn = tri._mx_quant_kernel
+    consts = {**BASE, **consts}
+    ptr_types = dict(zip(POINTERS, (*(f"*{t}" for t in types), "*i32", "*i32", "*i32")))
+    signature, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        signature[name] = "constexpr" if name in consts else ptr_types.get(name, "i32")
+        if name not in consts and name not in ("n_main", "n_r"):  # pointers, sizes and strides: % 16
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn, signature, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()}, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["ptx"]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--dump", type=pathlib.Path, help="write each case's PTX here")
+    args = p.parse_args()
+    for name, (types, consts, warps) in CASES.items():
+        ptx = compile_ptx(types, consts, warps)
+        counts = collections.Counter(re.findall(r"(?:ld|st)\.(?:global|shared)[\w.]*", ptx))
+        print(f"{name}: " + ", ".join(f"{op} {n}" for op, n in sorted(counts.items())))
+        if args.dump:
+            args.dump.mkdir(parents=True, exist_ok=True)
+            (args.dump / (re.sub(r"\W+", "_", name).strip("_") + ".ptx")).write_text(ptx)
+
+
+if __name__ == "__main__":
+    main()
