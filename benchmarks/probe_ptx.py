@@ -1,7 +1,12 @@
 """Global and shared memory instructions of the MXFP8 quantizer as Triton builds it for sm_90,
-without a GPU (Triton's bundled ptxas): are the loads and stores 16 bytes wide?
+without a GPU (Triton's bundled ptxas and cuobjdump): are the loads and stores 16 bytes wide, and
+how many machine instructions does each thread issue per element it handles?
 
     python benchmarks/probe_ptx.py [--dump DIR]
+
+Instructions per element matter because the H200 issues about 33 T thread-instructions/s (132
+SMs x 4 schedulers x 32 lanes x ~1.98 GHz) and copies about 1 T bf16 elements/s each way: a
+quantize-dequantize issuing ~30 instructions per element is bound by issue, not by memory.
 
 Each case compiles `_mx_quant_kernel` with the constants and the integer and pointer
 specialization (divisible by 16, strides of 1 as constants) that its launch gets at the MoE and
@@ -14,8 +19,11 @@ from __future__ import annotations
 import argparse
 import collections
 import pathlib
+import os
 import re
+import subprocess
 import sys
+import tempfile
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -46,7 +54,17 @@ CASES = {
 }
 
 
-def compile_ptx(types: tuple[str, str, str], consts: dict, warps: int) -> str:
+def sass_instructions(cubin: bytes) -> int:
+    """Machine instructions in the kernel (static count: each appears once however often it runs)."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    return len(re.findall(r"/\*[0-9a-f]{4}\*/\s+\S", sass))
+
+
+def compile_kernel(types: tuple[str, str, str], consts: dict, warps: int):
     fn = tri._mx_quant_kernel
     consts = {**BASE, **consts}
     ptr_types = dict(zip(POINTERS, (*(f"*{t}" for t in types), "*i32", "*i32", "*i32")))
@@ -56,7 +74,7 @@ def compile_ptx(types: tuple[str, str, str], consts: dict, warps: int) -> str:
         if name not in consts and name not in ("n_main", "n_r"):  # pointers, sizes and strides: % 16
             attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn, signature, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()}, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["ptx"]
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
 
 
 def main() -> None:
@@ -64,9 +82,12 @@ def main() -> None:
     p.add_argument("--dump", type=pathlib.Path, help="write each case's PTX here")
     args = p.parse_args()
     for name, (types, consts, warps) in CASES.items():
-        ptx = compile_ptx(types, consts, warps)
+        kernel = compile_kernel(types, consts, warps)
+        ptx = kernel.asm["ptx"]
         counts = collections.Counter(re.findall(r"(?:ld|st)\.(?:global|shared)[\w.]*", ptx))
-        print(f"{name}: " + ", ".join(f"{op} {n}" for op, n in sorted(counts.items())))
+        per_thread = consts["NB"] * 32 * consts["BLOCK_C"] * consts["CITERS"] // (32 * warps)
+        print(f"{name}: {sass_instructions(kernel.asm['cubin']) / per_thread:.1f} SASS instructions per element"
+              f" per thread (static); " + ", ".join(f"{op} {n}" for op, n in sorted(counts.items())))
         if args.dump:
             args.dump.mkdir(parents=True, exist_ok=True)
             (args.dump / (re.sub(r"\W+", "_", name).strip("_") + ".ptx")).write_text(ptx)

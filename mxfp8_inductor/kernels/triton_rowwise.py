@@ -41,14 +41,15 @@ def _group_amax_kernel(
         g = tl.sum(((ends <= r0) & (i < G)).to(tl.int32), 0)  # the group holding row r0
         r1 = tl.minimum(tl.sum(tl.where(i == g, ends, 0), 0), stop)
         # an elementwise running max, reduced across rows once: a reduction per load would
-        # cross warps through shared memory every iteration
-        acc = tl.zeros([BM, BK], dtype=tl.float32)
+        # cross warps through shared memory every iteration. Taken on the bits of |x| (every NaN
+        # above inf, as in `triton_mx._block_amax`), which are also what the atomic max takes
+        acc = tl.zeros([BM, BK], dtype=tl.int32)
         for t in range(CHUNK // BM):
             r = c + t * BM + tl.arange(0, BM)
             m = ((r >= r0) & (r < r1))[:, None] & (k < K)[None, :]
-            ax = tl.abs(_load_f32(x_ptr + r.to(tl.int64)[:, None] * sx_m + k[None, :], m))
-            acc = tl.maximum(acc, tl.where(ax != ax, float("inf"), ax))
-        tl.atomic_max(out_ptr + g * K + k, tl.max(acc, axis=0).to(tl.int32, bitcast=True), mask=k < K)
+            x = _load_f32(x_ptr + r.to(tl.int64)[:, None] * sx_m + k[None, :], m)
+            acc = tl.maximum(acc, x.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
+        tl.atomic_max(out_ptr + g * K + k, tl.minimum(tl.max(acc, axis=0), 0x7F800000), mask=k < K)
         r0 = r1
 
 
