@@ -47,11 +47,12 @@ def cases(x_MK: torch.Tensor, offs: torch.Tensor, w_ENK: torch.Tensor):
 def sweep() -> None:
     """Fraction of copy bandwidth per tile (blocks per program, columns per tile, tiles per
     program, warps; the band of the default tile) of each `tri.TILES` case: blocks along the contiguous dim (qdq along K),
-    across rows (qdq along the rows of one group), across rows in token groups (qdq per group
-    along the tokens, at 8, 16 and 64 groups)."""
+    across rows (qdq along the rows), across rows in one token group and in several (qdq per
+    group along the tokens, at 1, 8, 16 and 64 groups)."""
     probs = {"16384x16384 G=1": (16384, 16384, 1), "dsv3 x G=8": (TOKENS, 7168, 8),
              "qwen3_30b x G=16": (TOKENS, 2048, 16), "fine64 x G=64": (TOKENS, 2048, 64)}
     configs = {"rows": [(8, 16, 1, 4), (4, 32, 2, 4), (4, 32, 1, 4)],
+               "one_group": [(2, 64, 1, 2), (1, 128, 1, 2), (1, 64, 2, 2), (2, 64, 2, 2), (2, 128, 1, 4), (4, 64, 1, 4)],
                "cols": [(2, 64, 1, 2), (1, 64, 1, 2), (1, 64, 4, 2), (2, 128, 1, 4), (1, 128, 1, 2), (2, 64, 2, 2),
                         (4, 64, 1, 4), (2, 32, 1, 1), (1, 256, 1, 4)],
                "groups": [(2, 64, 1, 2), (1, 64, 1, 2), (1, 64, 2, 2), (1, 64, 4, 2), (1, 64, 8, 2), (1, 32, 4, 1),
@@ -64,7 +65,8 @@ def sweep() -> None:
         copy_ms = do_bench(lambda: dst.copy_(x), return_mode="median")
         cases = {"groups": lambda: tri.quantize_dequantize_groups(x, offs)}
         if G == 1:
-            cases = {"rows": lambda: tri.quantize_dequantize(x, -1), "cols": lambda: tri.quantize_dequantize(x, 0)}
+            cases = {"rows": lambda: tri.quantize_dequantize(x, -1), "cols": lambda: tri.quantize_dequantize(x, 0),
+                     "one_group": lambda: tri.quantize_dequantize_groups(x, offs)}
         for key, fn in cases.items():
             for cfg in configs[key]:
                 tri.TILES[key] = (*cfg, default[key][4])
