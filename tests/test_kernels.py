@@ -261,3 +261,43 @@ def test_view3_has_the_geometry_of_the_view_it_stands_for(x):
             view = x.permute(b, d, 3 - b - d)
         v3 = tri._view3(x, dim)
         assert (v3.shape, v3.strides, v3.t.data_ptr()) == (tuple(view.shape), view.stride(), view.data_ptr())
+
+
+_CAST_PTX = """
+import sys
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from mxfp8_inductor.kernels import triton_mx as tri
+
+
+@triton.jit
+def cast(x_ptr, y_ptr, inv):
+    i = tl.arange(0, 128)
+    tl.store(y_ptr + i, tri._scaled_to_e4m3(tl.load(x_ptr + i), inv, True))
+
+
+src = ASTSource(cast, {"x_ptr": "*fp32", "y_ptr": "*u8", "inv": "fp32"})
+print(triton.compile(src, target=GPUTarget("cuda", int(sys.argv[1]), 32)).asm["ptx"])
+"""
+
+
+@pytest.mark.parametrize("capability", [90, 100])
+def test_gpu_float8_cast_saturates(tmp_path, capability):
+    """On GPUs `_scaled_to_e4m3` has no clamp: it relies on Triton casting fp32 to float8_e4m3fn
+    with cvt.rn.satfinite (saturate to +-448, NaN kept), which FLOOR scales need (their block
+    maxima reach 511). The interpreter cannot show this, so read the PTX Triton builds for Hopper
+    and Blackwell (in a process without the interpreter; no GPU needed): a cast without
+    .satfinite would turn values past 464 into NaN there."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "cast_ptx.py"
+    script.write_text(_CAST_PTX)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    ptx = subprocess.run([sys.executable, str(script), str(capability)], env=env, capture_output=True,
+                         text=True, check=True).stdout
+    casts = [line for line in ptx.splitlines() if "cvt" in line and "e4m3" in line]
+    assert casts and all("cvt.rn.satfinite.e4m3x2.f32" in line for line in casts), casts

@@ -174,9 +174,9 @@ def _scaled_to_e4m3(x, inv, HW_CVT: tl.constexpr):
     """float8_e4m3fn bytes (uint8) of saturate(x * inv); NaN stays NaN."""
     q = x * inv
     if HW_CVT:
-        # Triton casts with cvt.rn.satfinite (benchmarks/probe_ptx.py), which saturates to +-448
-        # and keeps NaN: a clamp here would cost 4 instructions per element in kernels that are
-        # bound by instruction issue as much as by memory
+        # Triton 3.6 casts with cvt.rn.satfinite for sm_90 and sm_100, which saturates to +-448
+        # and keeps NaN (tests/test_kernels.py reads the PTX): a clamp here would cost 4
+        # instructions per element in kernels bound by instruction issue as much as by memory
         q8 = q.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
     else:
         q = tl.where(q != q, q, tl.minimum(tl.maximum(q, -448.0), 448.0))
