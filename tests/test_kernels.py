@@ -219,6 +219,27 @@ def test_rows_past_the_last_group_are_zeroed_by_several_tail_programs(sizes):
         assert_bitwise_equal(got, want)
 
 
+@pytest.mark.parametrize("sizes", [[70, 0, 33, 1], [64]])
+def test_every_output_byte_is_written(monkeypatch, sizes):
+    """Outputs come from torch.empty: poisoned here, every byte of every quantizer's outputs must
+    still match the reference (padding and rows past the last group end included)."""
+    offs = make_offs(sizes)
+    x = _values((sum(sizes) + 45, 64), 4, torch.bfloat16, True)
+    w = _values((3, 96, 64), 4, torch.bfloat16, True).transpose(1, 2)
+    want = _every_quantizer(ref, x, w, offs)
+    empty = torch.empty
+
+    def poisoned(*args, **kwargs):
+        t = empty(*args, **kwargs)
+        return t.fill_(float("nan") if t.is_floating_point() else 0x5A if t.dtype == torch.uint8 else -7)
+
+    monkeypatch.setattr(torch, "empty", poisoned)
+    got = _every_quantizer(tri, x, w, offs)
+    monkeypatch.undo()
+    for a, b in zip(got, want, strict=True):
+        assert_bitwise_equal(a, b)
+
+
 @pytest.mark.parametrize("sizes", [[0], [0, 0, 0]])
 def test_weight_gradient_operand_of_no_tokens(sizes):
     """No rows: no kernel runs, and the padded group ends still come back (all 0)."""

@@ -275,8 +275,9 @@ def _mx_quant_kernel(
 ):
     """Program (p, q, b): blocks p*NB .. p*NB+NB-1 along r (global block ids: group after group),
     columns q*CITERS*BLOCK_C .. in CITERS tiles of [NB, 32, BLOCK_C], batch b; the block-to-group
-    lookup is made once for all CITERS tiles. Programs p >= n_main zero the rows past the last
-    group end, TAIL_CHUNKS chunks of NB*32 rows each (quantize_groups leaves no row unwritten)."""
+    lookup is made once for all CITERS tiles. Programs p >= n_main zero the rows of y past the
+    last group end (PAD_Y: its padded end), TAIL_CHUNKS chunks of NB*32 rows each: no quantizer
+    leaves a row of its output unwritten."""
     if BAND == 0:
         pid, pid_c = tl.program_id(0), tl.program_id(1)
     else:
@@ -284,13 +285,19 @@ def _mx_quant_kernel(
     b = tl.program_id(2).to(tl.int64)
     rr = tl.arange(0, 32)
     if pid >= n_main:
-        last = tl.load(r_ends_ptr + G_R - 1).to(tl.int32)  # (a dummy pointer of any type when ungrouped)
+        if PAD_Y:  # y's rows: every group padded to whole blocks, then up to 32 * (R // 32 + 1 + G_R)
+            _, _, blk_ends = _groups(r_ends_ptr, G_R, GP_R, 32)
+            last = tl.max(blk_ends, 0) * 32
+            R_y = ((R + 31) // 32 + G_R) * 32
+        else:
+            last = tl.load(r_ends_ptr + G_R - 1).to(tl.int32)  # (a dummy pointer of any type when ungrouped)
+            R_y = R
         zero = tl.zeros([NB, 32, BLOCK_C], dtype=y_ptr.dtype.element_ty)
         for k in range(TAIL_CHUNKS):
             r = last + ((pid - n_main) * TAIL_CHUNKS + k) * NB * 32 + tl.arange(0, NB)[:, None] * 32 + rr[None, :]
             for t in range(CITERS):
                 c = (pid_c * CITERS + t) * BLOCK_C + tl.arange(0, BLOCK_C)
-                m = ((r < R)[:, :, None]) & (c < C)[None, None, :]
+                m = ((r < R_y)[:, :, None]) & (c < C)[None, None, :]
                 tl.store(y_ptr + b * sy_b + r[:, :, None] * sy_r + c[None, None, :] * sy_c, zero, mask=m)
     else:
         jb = pid * NB + tl.arange(0, NB)
@@ -449,7 +456,7 @@ def _launch_quant(
     """One `_mx_quant_kernel` launch, bound once per shape, layout and mode (`launch_keyed`),
     which it returns (None for an empty x: nothing to launch).
     `r_ends`: token group ends along r; `pends`: when given, y holds every group padded to whole
-    blocks (pre-zeroed) and `pends` receives the padded ends; `s_ends`: group ends of BLOCKED_ROW
+    blocks and `pends` receives the padded ends; `s_ends`: group ends of BLOCKED_ROW
     scales along c (default: one group; BLOCKED_COL scales take `r_ends`)."""
     B, R, C = x3.shape
     if B * R * C == 0:
@@ -479,11 +486,12 @@ def _quant_launch(tensors, x3, y3, s3, rounding, dequant, scale_mode, Hp, Wp, ti
     G_R = r_ends.numel() if grouped else 1
     NB, BLOCK_C, citers, warps, band = tile
     n_main = cdiv(ref.group_scale_rows(R, G_R) if grouped else R // 32, NB)
-    # extra programs zero the rows past the last group end (none when the data is pre-zeroed).
-    # Such rows are rare, but the programs are sized for all R: with one per NB*32 rows, a
+    # extra programs zero the rows past the last group end. Such rows are rare, but the
+    # programs are sized for all of y's rows: with one per NB*32 rows, a
     # [16384, 16384] one-group quantize-dequantize took 1.08x the time it takes without them on
     # the H200, 1.01-1.03x at the MoE shapes (benchmarks/results/tail_programs_h200.txt)
-    n_tail = cdiv(R, 32 * NB * _TAIL_CHUNKS) if grouped and pends is None else 0
+    R_y = (cdiv(R, 32) + G_R) * 32 if pends is not None else R  # y's rows (see the kernel's tail)
+    n_tail = cdiv(R_y, 32 * NB * _TAIL_CHUNKS) if grouped else 0
     if s_ends is None and scale_mode != PLAIN:  # BLOCKED_COL scales are grouped as the blocks are
         s_ends = r_ends if scale_mode == BLOCKED_COL else _one_group(C, x.device)
     G_S = s_ends.numel() if s_ends is not None else 1
@@ -665,7 +673,8 @@ def quantize_groups_blocked(
     M, K = x_MK.shape
     G = offs.numel()
     Mp = ref._round_up(M, 32) + 32 * G
-    data = torch.zeros(K, Mp, dtype=torch.uint8, device=x_MK.device)
+    # the kernel writes every byte, padding included; an empty x launches none
+    data = (torch.empty if M * K else torch.zeros)(K, Mp, dtype=torch.uint8, device=x_MK.device)
     Hp = ref._round_up(K, 128)
     S = ref.group_scale_rows(M, G)
     buf = torch.zeros(Hp, S + 4 * G, dtype=torch.uint8, device=x_MK.device)
