@@ -34,14 +34,15 @@ from mxfp8_inductor.kernels import triton_mx as tri  # noqa: E402
 
 POINTERS = ("x_ptr", "y_ptr", "s_ptr", "r_ends_ptr", "pends_ptr", "s_ends_ptr")
 BASE = dict(RCEIL=True, OUT_BF16=True, HW_CVT=True, TAIL_CHUNKS=16, G_S=1, GP_S=1)
-# (x, y, scales) element types, constants (the tile, the mode, strides equal to 1), warps
+# (x, y, scales) element types, constants (the tile of `triton_mx.TILES`, the mode, strides equal
+# to 1), warps
 CASES = {
     "qdq across rows (cols tile)": (("bf16", "bf16", "bf16"), dict(
         sx_c=1, sy_c=1, DEQUANT=True, SCALE_MODE=0, PAD_Y=False, GROUPED=False, G_R=1, GP_R=1,
         NB=1, BLOCK_C=128, CITERS=1, BAND=0), 2),
     "qdq one group (int16 bits)": (("i16", "i16", "i16"), dict(
         sx_c=1, sy_c=1, DEQUANT=True, SCALE_MODE=0, PAD_Y=False, GROUPED=True, G_R=1, GP_R=1,
-        NB=2, BLOCK_C=64, CITERS=1, BAND=0), 2),
+        NB=1, BLOCK_C=128, CITERS=1, BAND=0), 2),
     "qdq 8 groups (int16 bits)": (("i16", "i16", "i16"), dict(
         sx_c=1, sy_c=1, DEQUANT=True, SCALE_MODE=0, PAD_Y=False, GROUPED=True, G_R=8, GP_R=8,
         NB=1, BLOCK_C=64, CITERS=4, BAND=1), 2),
@@ -50,7 +51,7 @@ CASES = {
         NB=1, BLOCK_C=128, CITERS=1, BAND=0), 2),
     "groups_along_tokens_blocked one group (transposing)": (("bf16", "u8", "u8"), dict(
         sx_c=1, sy_r=1, DEQUANT=False, SCALE_MODE=1, PAD_Y=True, GROUPED=True, G_R=1, GP_R=1,
-        NB=2, BLOCK_C=64, CITERS=1, BAND=0), 2),
+        NB=1, BLOCK_C=128, CITERS=1, BAND=0), 2),
 }
 
 
