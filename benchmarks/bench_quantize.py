@@ -113,29 +113,46 @@ def main() -> None:
     if args.sweep or args.sweep_rowwise:
         sweep() if args.sweep else sweep_rowwise()
         return
-    src = torch.randn(16384, 16384, device="cuda", dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    copy_ms = do_bench(lambda: dst.copy_(src), return_mode="median")
-    copy_GBps = 2 * nbytes(src) / copy_ms / 1e6
+    copy_GBps = copy_rate()
     rows = []
-    problems = {"16384x16384": (src, torch.tensor([16384], dtype=torch.int32, device="cuda"),
-                                src.view(1, 16384, 16384))}
-    if not args.quick:
-        for name, (E, D, F) in SHAPES.items():
-            offs = torch.cumsum(uneven_counts(E, TOKENS), 0, dtype=torch.int32)
-            problems[name] = (torch.randn(TOKENS, D, device="cuda", dtype=torch.bfloat16), offs,
-                              torch.randn(E, F, D, device="cuda", dtype=torch.bfloat16))
-    for shape, (x, offs, w) in problems.items():
+    for shape, (x, offs, w) in problems(["16384x16384"] + ([] if args.quick else list(SHAPES))).items():
         for kernel, fn, moved in cases(x, offs, w):
             ms = do_bench(fn, return_mode="median")
             GBps = moved / ms / 1e6
             rows.append({"kernel": kernel, "shape": shape, "ms": ms, "GBps": GBps, "fraction_of_copy": GBps / copy_GBps})
             print(f"{shape:>12} {kernel:<30} {ms:8.3f} ms {GBps:8.0f} GB/s {GBps / copy_GBps:6.2f}x copy", flush=True)
+    save(args.out, copy_GBps, rows)
+
+
+def copy_rate() -> float:
+    """GB/s (bytes read + written) of a device-to-device copy of a 16384x16384 bf16 tensor."""
+    src = torch.randn(16384, 16384, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    return 2 * nbytes(src) / do_bench(lambda: dst.copy_(src), return_mode="median") / 1e6
+
+
+def problems(names: list[str]) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(tokens x, group ends, weights w) per name: "16384x16384" (one group; w is x as one
+    [1, 16384, 16384] expert) or a MoE shape of `SHAPES` (uneven groups of TOKENS tokens)."""
+    out = {}
+    for name in names:
+        if name == "16384x16384":
+            x = torch.randn(16384, 16384, device="cuda", dtype=torch.bfloat16)
+            out[name] = (x, torch.tensor([16384], dtype=torch.int32, device="cuda"), x.view(1, 16384, 16384))
+        else:
+            E, D, F = SHAPES[name]
+            out[name] = (torch.randn(TOKENS, D, device="cuda", dtype=torch.bfloat16),
+                         torch.cumsum(uneven_counts(E, TOKENS), 0, dtype=torch.int32),
+                         torch.randn(E, F, D, device="cuda", dtype=torch.bfloat16))
+    return out
+
+
+def save(path: str, copy_GBps: float, rows: list[dict]) -> None:
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "date": datetime.date.today().isoformat(), "copy_GBps": copy_GBps, "rows": rows}
-    with open(args.out, "w") as f:
+    with open(path, "w") as f:
         json.dump(result, f, indent=1)
-    print(f"copy {copy_GBps:.0f} GB/s; wrote {args.out}")
+    print(f"copy {copy_GBps:.0f} GB/s; wrote {path}")
 
 
 if __name__ == "__main__":

@@ -10,19 +10,14 @@ band, other tiles of the kernels that read across rows.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import sys
 
-import torch
-import triton
 from triton.testing import do_bench
 
 sys.path.insert(0, ".")
 sys.path.insert(0, "benchmarks")
-from bench_quantize import cases  # noqa: E402
+from bench_quantize import cases, copy_rate, problems, save  # noqa: E402
 from mxfp8_inductor.kernels import triton_mx as tri  # noqa: E402
-from shapes import SHAPES, TOKENS, uneven_counts  # noqa: E402
 
 BANDS = (0, 1, 2, 4, 16)
 OTHER_TILES = {"cols": [(2, 64, 1, 2), (1, 64, 1, 2), (2, 128, 1, 4), (4, 64, 1, 4), (1, 128, 2, 4)],
@@ -35,29 +30,12 @@ def set_band(band: int) -> None:
         tri.TILES[key] = (*tile[:4], band)
 
 
-def problems(names):
-    out = {}
-    for name in names:
-        if name == "16384x16384":
-            x = torch.randn(16384, 16384, device="cuda", dtype=torch.bfloat16)
-            out[name] = (x, torch.tensor([16384], dtype=torch.int32, device="cuda"), x.view(1, 16384, 16384))
-        else:
-            E, D, F = SHAPES[name]
-            out[name] = (torch.randn(TOKENS, D, device="cuda", dtype=torch.bfloat16),
-                         torch.cumsum(uneven_counts(E, TOKENS), 0, dtype=torch.int32),
-                         torch.randn(E, F, D, device="cuda", dtype=torch.bfloat16))
-    return out
-
-
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="benchmarks/results/band_order_h200.json")
     p.add_argument("--shapes", default="16384x16384,dsv3,qwen3_30b,fine64")
     args = p.parse_args()
-    src = torch.randn(16384, 16384, device="cuda", dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    copy_ms = do_bench(lambda: dst.copy_(src), return_mode="median")
-    copy_GBps = 2 * src.numel() * 2 / copy_ms / 1e6
+    copy_GBps = copy_rate()
     default = dict(tri.TILES)
     rows = []
     probs = problems(args.shapes.split(","))
@@ -101,11 +79,7 @@ def main() -> None:
             fr = {r["band"]: r["fraction_of_copy"] for r in rows
                   if r["phase"] == "band" and r["kernel"] == kernel and r["shape"] == shape}
             print(f"{shape:>12} {kernel:<30}" + "".join(f"{fr[b]:7.2f}" for b in BANDS))
-    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-              "date": datetime.date.today().isoformat(), "copy_GBps": copy_GBps, "rows": rows}
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-    print(f"copy {copy_GBps:.0f} GB/s; wrote {args.out}")
+    save(args.out, copy_GBps, rows)
 
 
 if __name__ == "__main__":
