@@ -33,25 +33,21 @@ sys.path.insert(0, str(pathlib.Path(__file__).parents[1]))
 from mxfp8_inductor.kernels import triton_mx as tri  # noqa: E402
 
 POINTERS = ("x_ptr", "y_ptr", "s_ptr", "r_ends_ptr", "pends_ptr", "s_ends_ptr")
-BASE = dict(RCEIL=True, OUT_BF16=True, HW_CVT=True, TAIL_CHUNKS=16, G_S=1, GP_S=1)
-# (x, y, scales) element types, constants (the tile of `triton_mx.TILES`, the mode, strides equal
-# to 1), warps
+# every case's constants but those it names: a quantize-dequantize across rows of one ungrouped
+# tensor, x contiguous along its columns
+BASE = dict(RCEIL=True, OUT_BF16=True, HW_CVT=True, TAIL_CHUNKS=16, G_S=1, GP_S=1, sx_c=1, DEQUANT=True,
+            SCALE_MODE=0, PAD_Y=False, GROUPED=False, G_R=1, GP_R=1, CITERS=1, BAND=0)
+DEQUANT, TRANSPOSING = dict(sy_c=1), dict(sy_r=1, DEQUANT=False)  # y like x / y transposed (fp8 data)
+# (x, y, scales) element types, constants (the tile of `triton_mx.TILES`, the mode), warps
 CASES = {
-    "qdq across rows (cols tile)": (("bf16", "bf16", "bf16"), dict(
-        sx_c=1, sy_c=1, DEQUANT=True, SCALE_MODE=0, PAD_Y=False, GROUPED=False, G_R=1, GP_R=1,
-        NB=1, BLOCK_C=128, CITERS=1, BAND=0), 2),
-    "qdq one group (int16 bits)": (("i16", "i16", "i16"), dict(
-        sx_c=1, sy_c=1, DEQUANT=True, SCALE_MODE=0, PAD_Y=False, GROUPED=True, G_R=1, GP_R=1,
-        NB=1, BLOCK_C=128, CITERS=1, BAND=0), 2),
+    "qdq across rows (cols tile)": (("bf16", "bf16", "bf16"), dict(DEQUANT, NB=1, BLOCK_C=128), 2),
+    "qdq one group (int16 bits)": (("i16", "i16", "i16"), dict(DEQUANT, GROUPED=True, NB=1, BLOCK_C=128), 2),
     "qdq 8 groups (int16 bits)": (("i16", "i16", "i16"), dict(
-        sx_c=1, sy_c=1, DEQUANT=True, SCALE_MODE=0, PAD_Y=False, GROUPED=True, G_R=8, GP_R=8,
-        NB=1, BLOCK_C=64, CITERS=4, BAND=1), 2),
+        DEQUANT, GROUPED=True, G_R=8, GP_R=8, NB=1, BLOCK_C=64, CITERS=4, BAND=1), 2),
     "weights_along_N_blocked (transposing)": (("bf16", "u8", "u8"), dict(
-        sx_c=1, sy_r=1, DEQUANT=False, SCALE_MODE=2, PAD_Y=False, GROUPED=False, G_R=1, GP_R=1,
-        NB=1, BLOCK_C=128, CITERS=1, BAND=0), 2),
+        TRANSPOSING, SCALE_MODE=2, NB=1, BLOCK_C=128), 2),
     "groups_along_tokens_blocked one group (transposing)": (("bf16", "u8", "u8"), dict(
-        sx_c=1, sy_r=1, DEQUANT=False, SCALE_MODE=1, PAD_Y=True, GROUPED=True, G_R=1, GP_R=1,
-        NB=1, BLOCK_C=128, CITERS=1, BAND=0), 2),
+        TRANSPOSING, SCALE_MODE=1, PAD_Y=True, GROUPED=True, NB=1, BLOCK_C=128), 2),
 }
 
 
@@ -66,8 +62,8 @@ def sass_instructions(cubin: bytes) -> int:
 
 
 def compile_kernel(types: tuple[str, str, str], consts: dict, warps: int):
+    """`_mx_quant_kernel` built for sm_90 with `consts` (complete: BASE and a case's own)."""
     fn = tri._mx_quant_kernel
-    consts = {**BASE, **consts}
     ptr_types = dict(zip(POINTERS, (*(f"*{t}" for t in types), "*i32", "*i32", "*i32")))
     signature, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
@@ -82,7 +78,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--dump", type=pathlib.Path, help="write each case's PTX here")
     args = p.parse_args()
-    for name, (types, consts, warps) in CASES.items():
+    for name, (types, own, warps) in CASES.items():
+        consts = {**BASE, **own}
         kernel = compile_kernel(types, consts, warps)
         ptx = kernel.asm["ptx"]
         counts = collections.Counter(re.findall(r"(?:ld|st)\.(?:global|shared)[\w.]*", ptx))
