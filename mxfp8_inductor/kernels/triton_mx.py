@@ -257,7 +257,7 @@ def _mx_quant_kernel(
     x_ptr, sx_b, sx_r, sx_c,
     y_ptr, sy_b, sy_r, sy_c,
     s_ptr, ss_b, ss_blk, ss_c,
-    R, C, n_main, n_r,
+    R, C, n_main, n_r, R_y,
     r_ends_ptr, G_R: tl.constexpr, GP_R: tl.constexpr, pends_ptr,
     s_ends_ptr, G_S: tl.constexpr, GP_S: tl.constexpr, Hp, Wp,
     RCEIL: tl.constexpr,
@@ -285,13 +285,11 @@ def _mx_quant_kernel(
     b = tl.program_id(2).to(tl.int64)
     rr = tl.arange(0, 32)
     if pid >= n_main:
-        if PAD_Y:  # y's rows: every group padded to whole blocks, then up to 32 * (R // 32 + 1 + G_R)
+        if PAD_Y:  # y's rows: every group padded to whole blocks, then up to R_y
             _, _, blk_ends = _groups(r_ends_ptr, G_R, GP_R, 32)
             last = tl.max(blk_ends, 0) * 32
-            R_y = ((R + 31) // 32 + G_R) * 32
         else:
             last = tl.load(r_ends_ptr + G_R - 1).to(tl.int32)  # (a dummy pointer of any type when ungrouped)
-            R_y = R
         zero = tl.zeros([NB, 32, BLOCK_C], dtype=y_ptr.dtype.element_ty)
         for k in range(TAIL_CHUNKS):
             r = last + ((pid - n_main) * TAIL_CHUNKS + k) * NB * 32 + tl.arange(0, NB)[:, None] * 32 + rr[None, :]
@@ -490,7 +488,7 @@ def _quant_launch(tensors, x3, y3, s3, rounding, dequant, scale_mode, Hp, Wp, ti
     # programs are sized for all of y's rows: with one per NB*32 rows, a
     # [16384, 16384] one-group quantize-dequantize took 1.08x the time it takes without them on
     # the H200, 1.01-1.03x at the MoE shapes (benchmarks/results/tail_programs_h200.txt)
-    R_y = (cdiv(R, 32) + G_R) * 32 if pends is not None else R  # y's rows (see the kernel's tail)
+    R_y = y3.shape[1]  # y's rows: R, or every group padded (PAD_Y)
     n_tail = cdiv(R_y, 32 * NB * _TAIL_CHUNKS) if grouped else 0
     if s_ends is None and scale_mode != PLAIN:  # BLOCKED_COL scales are grouped as the blocks are
         s_ends = r_ends if scale_mode == BLOCKED_COL else _one_group(C, x.device)
@@ -500,7 +498,7 @@ def _quant_launch(tensors, x3, y3, s3, rounding, dequant, scale_mode, Hp, Wp, ti
     # pointers the kernel never reads in this mode get y, not device tensors made for the call
     args = (
         x, *x3.strides, y, *y3.strides, y if scale_buf is None else scale_buf,
-        *(s3.strides if s3 is not None else (0, 0, 0)), R, C, n_main, n_r,
+        *(s3.strides if s3 is not None else (0, 0, 0)), R, C, n_main, n_r, R_y,
         r_ends if grouped else y, G_R, pow2(G_R), y if pends is None else pends,
         y if s_ends is None else s_ends, G_S, pow2(G_S), Hp, Wp,
     )
