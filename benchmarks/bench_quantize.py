@@ -48,30 +48,42 @@ def sweep() -> None:
     """Fraction of copy bandwidth per tile (blocks per program, columns per tile, tiles per
     program, warps; the band of the default tile) of each `tri.TILES` case: blocks along the contiguous dim (qdq along K),
     across rows (qdq along the rows), across rows in one token group and in several (qdq per
-    group along the tokens, at 1, 8, 16 and 64 groups)."""
+    group along the tokens, at 1, 8, 16 and 64 groups), and across rows stored transposed (the
+    native weight-gradient operand; at one group also the weights along N)."""
     probs = {"16384x16384 G=1": (16384, 16384, 1), "dsv3 x G=8": (TOKENS, 7168, 8),
              "qwen3_30b x G=16": (TOKENS, 2048, 16), "fine64 x G=64": (TOKENS, 2048, 64)}
-    configs = {"rows": [(8, 16, 1, 4), (4, 32, 2, 4), (4, 32, 1, 4)],
-               "one_group": [(2, 64, 1, 2), (1, 128, 1, 2), (1, 64, 2, 2), (2, 64, 2, 2), (2, 128, 1, 4), (4, 64, 1, 4)],
+    one_warp = [(2, 64, 1, 1), (1, 64, 1, 1), (1, 128, 1, 1), (2, 64, 2, 1)]
+    configs = {"rows": [(8, 16, 1, 4), (4, 32, 2, 4), (4, 32, 1, 4), (4, 16, 1, 1), (8, 16, 1, 2), (2, 32, 1, 1)],
+               "one_group": [(2, 64, 1, 2), (1, 128, 1, 2), (1, 64, 2, 2), (2, 64, 2, 2), (2, 128, 1, 4), (4, 64, 1, 4),
+                             *one_warp],
                "cols": [(2, 64, 1, 2), (1, 64, 1, 2), (1, 64, 4, 2), (2, 128, 1, 4), (1, 128, 1, 2), (2, 64, 2, 2),
-                        (4, 64, 1, 4), (2, 32, 1, 1), (1, 256, 1, 4)],
+                        (4, 64, 1, 4), (2, 32, 1, 1), (1, 256, 1, 4), *one_warp],
                "groups": [(2, 64, 1, 2), (1, 64, 1, 2), (1, 64, 2, 2), (1, 64, 4, 2), (1, 64, 8, 2), (1, 32, 4, 1),
-                          (1, 32, 1, 1), (1, 128, 1, 4), (1, 128, 2, 2), (1, 32, 8, 1)]}
+                          (1, 32, 1, 1), (1, 128, 1, 4), (1, 128, 2, 2), (1, 32, 8, 1), *one_warp, (1, 64, 4, 1)],
+               "transposing": [(2, 64, 1, 1), (1, 64, 1, 1), (2, 64, 2, 1), (1, 128, 1, 2), (2, 64, 1, 2), (2, 32, 1, 1),
+                               (4, 32, 1, 1), (2, 128, 1, 1)]}
     default = dict(tri.TILES)
     for name, (M, K, G) in probs.items():
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
         offs = torch.cumsum(uneven_counts(G, M), 0, dtype=torch.int32)  # [M] for one group
         dst = torch.empty_like(x)
         copy_ms = do_bench(lambda: dst.copy_(x), return_mode="median")
-        cases = {"groups": lambda: tri.quantize_dequantize_groups(x, offs)}
+        qdq_groups = [("qdq", lambda: tri.quantize_dequantize_groups(x, offs))]
+        transposing = [("groups_along_tokens_blocked", lambda: tri.quantize_groups_blocked(x, offs))]
+        cases = {"groups": qdq_groups, "transposing": transposing}
         if G == 1:
-            cases = {"rows": lambda: tri.quantize_dequantize(x, -1), "cols": lambda: tri.quantize_dequantize(x, 0),
-                     "one_group": lambda: tri.quantize_dequantize_groups(x, offs)}
-        for key, fn in cases.items():
+            w_EKN = x.view(1, M, K).transpose(-2, -1)
+            cases = {"rows": [("qdq", lambda: tri.quantize_dequantize(x, -1))],
+                     "cols": [("qdq", lambda: tri.quantize_dequantize(x, 0))], "one_group": qdq_groups,
+                     "transposing": [*transposing, ("weights_along_N_blocked", lambda: tri.quantize_weight_blocked(w_EKN))]}
+        for key, fns in cases.items():
             for cfg in configs[key]:
                 tri.TILES[key] = (*cfg, default[key][4])
-                ms = do_bench(fn, return_mode="median")
-                print(f"{name:<17} {key:<6} tile={cfg} {copy_ms / ms:5.2f}x copy", flush=True)
+                for what, fn in fns:
+                    ms = do_bench(fn, return_mode="median")
+                    # per element a copy moves 2 + 2 bytes, a qdq as many, a quantizer 2 + 1 + 1/32
+                    frac = copy_ms / ms * (1 if what == "qdq" else (2 + 1 + 1 / 32) / 4)
+                    print(f"{name:<17} {key:<11} {what:<27} tile={cfg} {frac:5.2f}x copy", flush=True)
             tri.TILES[key] = default[key]
 
 

@@ -68,6 +68,7 @@ def cases() -> dict[str, tuple[torch.Tensor, object]]:
     for shape, (E, D, F) in SHAPES.items():  # w1's [E, F, D] as the [E, K, N] view the GEMM takes
         b_EKN = torch.randn(E, F, D, device="cuda", dtype=torch.bfloat16).transpose(-2, -1)
         out[f"qdq_weights_along_N {shape}"] = (b_EKN, lambda m, b=b_EKN: m.mx.quantize_dequantize(b, 2))
+        out[f"weights_along_N_blocked {shape}"] = (b_EKN, lambda m, b=b_EKN: m.mx.quantize_weight_blocked(b))
     return out
 
 

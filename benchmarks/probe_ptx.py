@@ -35,7 +35,7 @@ from mxfp8_inductor.kernels import triton_mx as tri  # noqa: E402
 POINTERS = ("x_ptr", "y_ptr", "s_ptr", "r_ends_ptr", "pends_ptr", "s_ends_ptr")
 # every case's constants but those it names: a quantize-dequantize across rows of one ungrouped
 # tensor, x contiguous along its columns
-BASE = dict(RCEIL=True, OUT_BF16=True, HW_CVT=True, TAIL_CHUNKS=16, G_S=1, GP_S=1, sx_c=1, DEQUANT=True,
+BASE = dict(RCEIL=True, OUT_BF16=True, HW_CVT=True, G_S=1, GP_S=1, sx_c=1, DEQUANT=True,
             SCALE_MODE=0, PAD_Y=False, GROUPED=False, G_R=1, GP_R=1, CITERS=1, BAND=0)
 DEQUANT, TRANSPOSING = dict(sy_c=1), dict(sy_r=1, DEQUANT=False)  # y like x / y transposed (fp8 data)
 # (x, y, scales) element types, constants (the tile of `triton_mx.TILES`, the mode), warps

@@ -147,9 +147,9 @@ def test_native_operands(g, K, rounding, seed):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("x_transposed", [False, True])
 def test_weight_gradient_operand_of_one_and_several_groups(sizes, dtype, x_transposed):
-    """quantize_groups_blocked stores its data transposed: with one group (the "one_group" tile)
-    and several (the "groups" tile), bf16 and fp32, special values, and an input that is itself a
-    transposed view (then no store transposes): bit-exact."""
+    """quantize_groups_blocked stores its data transposed (the "transposing" tile): with one
+    group and several, bf16 and fp32, special values, and an input that is itself a transposed
+    view (then no store transposes: the "one_group" and "groups" tiles): bit-exact."""
     offs = make_offs(sizes)
     x = _values((sum(sizes) + 3, 96), len(sizes), dtype, True)
     if x_transposed:
@@ -161,8 +161,10 @@ def test_weight_gradient_operand_of_one_and_several_groups(sizes, dtype, x_trans
 
 
 @pytest.mark.parametrize("tiles", [
-    {"rows": (2, 16, 3, 1, 0), "cols": (1, 16, 3, 1, 1), "one_group": (2, 16, 2, 1, 0), "groups": (2, 16, 3, 1, 1)},
-    {"rows": (1, 32, 2, 2, 2), "cols": (2, 32, 2, 2, 3), "one_group": (1, 16, 3, 1, 2), "groups": (1, 16, 4, 1, 3)},
+    {"rows": (2, 16, 3, 1, 0), "cols": (1, 16, 3, 1, 1), "one_group": (2, 16, 2, 1, 0), "groups": (2, 16, 3, 1, 1),
+     "transposing": (2, 16, 3, 1, 2)},
+    {"rows": (1, 32, 2, 2, 2), "cols": (2, 32, 2, 2, 3), "one_group": (1, 16, 3, 1, 2), "groups": (1, 16, 4, 1, 3),
+     "transposing": (1, 32, 2, 2, 0)},
 ])
 def test_programs_of_several_column_tiles(monkeypatch, tiles):
     """Programs looping over several column tiles (the last one ragged, some past the end) after
@@ -174,6 +176,7 @@ def test_programs_of_several_column_tiles(monkeypatch, tiles):
     for got, want in ((tri.quantize_groups(x, offs), ref.quantize_groups(x, offs)),
                       (tri.quantize_groups(x, one), ref.quantize_groups(x, one)),
                       (tri.quantize_groups_blocked(x, offs)[:2], ref.quantize_groups_blocked(x, offs)[:2]),
+                      (tri.quantize_groups_blocked(x, one)[:2], ref.quantize_groups_blocked(x, one)[:2]),
                       (tri.quantize_rows_blocked(x[:, :64], offs), ref.quantize_rows_blocked(x[:, :64], offs)),
                       ([tri.quantize_dequantize_groups(x, offs)], [ref.quantize_dequantize_groups(x, offs)])):
         for a, b in zip(got, want):
@@ -181,6 +184,9 @@ def test_programs_of_several_column_tiles(monkeypatch, tiles):
     for dim, (N, K) in ((1, (80, 96)), (2, (64, 80))):  # weights [E, K, N] as views of [E, N, K], along K and N
         w = _values((2, N, K), 8, torch.bfloat16, True).transpose(1, 2)
         assert_bitwise_equal(tri.quantize_dequantize(w, dim), ref.quantize_dequantize(w, dim))
+    w_EKN = _values((2, 64, 96), 9, torch.bfloat16, True).transpose(1, 2)  # quantized along N, stored transposed
+    for a, b in zip(tri.quantize_weight_blocked(w_EKN), ref.quantize_weight_blocked(w_EKN)):
+        assert_bitwise_equal(a, b)
 
 
 def _every_quantizer(mod, x, w, offs) -> list[torch.Tensor]:
@@ -211,7 +217,7 @@ def test_repeated_calls_launch_the_bound_kernel_with_their_own_tensors(monkeypat
 
 @pytest.mark.parametrize("sizes", [[40, 0, 7], [47]])
 def test_rows_past_the_last_group_are_zeroed_by_several_tail_programs(sizes):
-    """1100 rows past offs[-1]: more than one tail program's TAIL_CHUNKS chunks with either tile."""
+    """1100 rows past offs[-1]: several turns of every tail program with either tile."""
     offs = make_offs(sizes)
     x = _values((sum(sizes) + 1100, 32), 3, torch.bfloat16, False)
     assert_bitwise_equal(tri.quantize_dequantize_groups(x, offs), ref.quantize_dequantize_groups(x, offs))

@@ -37,8 +37,13 @@ _BLOCK_C = 64
 # copy faster in bands of one row strip; every other case ran faster on the 2-D grid
 # (benchmarks/probe_band_order.py -> benchmarks/results/band_order_h200.json). The one-group
 # tile was re-swept once the kernel issued fewer instructions per element: 0.84 -> 0.94 of copy
-# at 16384x16384 (benchmarks/results/quantize_sweep_85956a3_h200.txt)
-TILES = {"rows": (8, 16, 1, 4, 0), "cols": (1, 128, 1, 2, 0), "one_group": (1, 128, 1, 2, 0), "groups": (1, 64, 4, 2, 1)}
+# at 16384x16384 (benchmarks/results/quantize_sweep_85956a3_h200.txt). Blocks across rows
+# written transposed (fp8 data with the blocks' dim contiguous: the native operands quantized
+# along N or along the tokens) take one tile whatever their groups: one warp of 2 blocks x 64
+# columns, whose block maxima and byte transpose stay within the warp, ran 0.92 of copy at
+# 16384x16384 against 0.80 with the tiles above (benchmarks/results/transposing_tile_h200.json)
+TILES = {"rows": (8, 16, 1, 4, 0), "cols": (1, 128, 1, 2, 0), "one_group": (1, 128, 1, 2, 0), "groups": (1, 64, 4, 2, 1),
+         "transposing": (2, 64, 1, 1, 0)}
 
 
 @triton.jit
@@ -270,14 +275,13 @@ def _mx_quant_kernel(
     NB: tl.constexpr,
     BLOCK_C: tl.constexpr,
     CITERS: tl.constexpr,
-    TAIL_CHUNKS: tl.constexpr,
     BAND: tl.constexpr,
 ):
     """Program (p, q, b): blocks p*NB .. p*NB+NB-1 along r (global block ids: group after group),
     columns q*CITERS*BLOCK_C .. in CITERS tiles of [NB, 32, BLOCK_C], batch b; the block-to-group
-    lookup is made once for all CITERS tiles. Programs p >= n_main zero the rows of y past the
-    last group end (PAD_Y: its padded end), TAIL_CHUNKS chunks of NB*32 rows each: no quantizer
-    leaves a row of its output unwritten."""
+    lookup is made once for all CITERS tiles. The n_r - n_main programs p >= n_main zero the rows
+    of y past the last group end (PAD_Y: its padded end) in turns of NB*32 rows, as many turns as
+    there are such rows: no quantizer leaves a row of its output unwritten."""
     if BAND == 0:
         pid, pid_c = tl.program_id(0), tl.program_id(1)
     else:
@@ -291,12 +295,14 @@ def _mx_quant_kernel(
         else:
             last = tl.load(r_ends_ptr + G_R - 1).to(tl.int32)  # (a dummy pointer of any type when ungrouped)
         zero = tl.zeros([NB, 32, BLOCK_C], dtype=y_ptr.dtype.element_ty)
-        for k in range(TAIL_CHUNKS):
-            r = last + ((pid - n_main) * TAIL_CHUNKS + k) * NB * 32 + tl.arange(0, NB)[:, None] * 32 + rr[None, :]
+        r0 = last + (pid - n_main) * NB * 32
+        while r0 < R_y:  # not a range: the interpreter's scalars are 1-element arrays, not indices
+            r = r0 + tl.arange(0, NB)[:, None] * 32 + rr[None, :]
             for t in range(CITERS):
                 c = (pid_c * CITERS + t) * BLOCK_C + tl.arange(0, BLOCK_C)
                 m = ((r < R_y)[:, :, None]) & (c < C)[None, None, :]
                 tl.store(y_ptr + b * sy_b + r[:, :, None] * sy_r + c[None, None, :] * sy_c, zero, mask=m)
+            r0 += (n_r - n_main) * NB * 32
     else:
         jb = pid * NB + tl.arange(0, NB)
         if GROUPED:
@@ -439,10 +445,14 @@ def _one_group(n: int, device: torch.device) -> torch.Tensor:
     return torch.full((1,), n, dtype=torch.int32, device=device)
 
 
-def _tile(r_stride: int, groups: int) -> tuple[int, int, int, int, int]:
-    """The `TILES` entry of a launch: blocks along r of stride `r_stride`, in `groups` token
-    groups (0: ungrouped)."""
-    return TILES["rows" if r_stride == 1 else "cols" if not groups else "groups" if groups > 1 else "one_group"]
+def _tile(r_stride: int, groups: int, y_r_stride: int | None = None) -> tuple[int, int, int, int, int]:
+    """The `TILES` entry of a launch: blocks along r of stride `r_stride` in x and `y_r_stride`
+    in y (default: x's), in `groups` token groups (0: ungrouped)."""
+    if r_stride == 1:
+        return TILES["rows"]
+    if y_r_stride == 1:
+        return TILES["transposing"]
+    return TILES["cols" if not groups else "groups" if groups > 1 else "one_group"]
 
 
 def _launch_quant(
@@ -460,7 +470,7 @@ def _launch_quant(
     if B * R * C == 0:
         return None
     grouped = r_ends is not None
-    tile = _tile(x3.strides[1], r_ends.numel() if grouped else 0)
+    tile = _tile(x3.strides[1], r_ends.numel() if grouped else 0, y3.strides[1])
     # the grouped quantize-dequantize runs 1.2-1.47x faster on int16 bits than on bf16 pointers on
     # the H200 at 1 to 8 groups (benchmarks/results/grouped_bits_h200.json)
     bits = grouped and dequant
@@ -470,7 +480,7 @@ def _launch_quant(
     return launch_keyed(key, tensors, lambda: _quant_launch(tensors, x3, y3, s3, rounding, dequant, scale_mode, Hp, Wp, tile))
 
 
-_TAIL_CHUNKS = 16
+_TAIL_PROGRAMS = 4
 
 
 def _quant_launch(tensors, x3, y3, s3, rounding, dequant, scale_mode, Hp, Wp, tile) -> tuple:
@@ -484,12 +494,13 @@ def _quant_launch(tensors, x3, y3, s3, rounding, dequant, scale_mode, Hp, Wp, ti
     G_R = r_ends.numel() if grouped else 1
     NB, BLOCK_C, citers, warps, band = tile
     n_main = cdiv(ref.group_scale_rows(R, G_R) if grouped else R // 32, NB)
-    # extra programs zero the rows past the last group end. Such rows are rare, but the
-    # programs are sized for all of y's rows: with one per NB*32 rows, a
-    # [16384, 16384] one-group quantize-dequantize took 1.08x the time it takes without them on
-    # the H200, 1.01-1.03x at the MoE shapes (benchmarks/results/tail_programs_h200.txt)
+    # a few extra programs per column strip zero the rows past the last group end, looping over
+    # as many as there are (the host does not read the ends). Programs sized for all of y's rows
+    # instead, one per NB*32 rows, made a [16384, 16384] one-group quantize-dequantize take
+    # 1.08x the time it takes without them on the H200, 1.01-1.03x at the MoE shapes
+    # (benchmarks/results/tail_programs_h200.txt)
     R_y = y3.shape[1]  # y's rows: R, or every group padded (PAD_Y)
-    n_tail = cdiv(R_y, 32 * NB * _TAIL_CHUNKS) if grouped else 0
+    n_tail = _TAIL_PROGRAMS if grouped else 0
     if s_ends is None and scale_mode != PLAIN:  # BLOCKED_COL scales are grouped as the blocks are
         s_ends = r_ends if scale_mode == BLOCKED_COL else _one_group(C, x.device)
     G_S = s_ends.numel() if s_ends is not None else 1
@@ -505,7 +516,7 @@ def _quant_launch(tensors, x3, y3, s3, rounding, dequant, scale_mode, Hp, Wp, ti
     consts = dict(
         RCEIL=rounding == "rceil", DEQUANT=dequant, SCALE_MODE=scale_mode, PAD_Y=pends is not None, GROUPED=grouped,
         OUT_BF16=y3.t.dtype == torch.bfloat16, HW_CVT=x.is_cuda, NB=NB, BLOCK_C=BLOCK_C, CITERS=citers,
-        TAIL_CHUNKS=_TAIL_CHUNKS, BAND=band, num_warps=warps,
+        BAND=band, num_warps=warps,
     )
     return _mx_quant_kernel, grid, args, consts
 
