@@ -30,19 +30,20 @@ _BLOCK_C = 64
 # (blocks per program, columns per tile, tiles per program, warps, band), keyed by where the blocks
 # run: along the contiguous dim ("rows"), across rows ("cols"), across rows in one token group
 # ("one_group": the group table is read, with no lookup to share across tiles) and in several
-# ("groups": one block per program, several column tiles per block-to-group lookup); best of
-# bench_quantize.py --sweep and probe_baseline_kernels.py (benchmarks/results/cols_tile_h200.json).
+# ("groups"), and across rows into a transposed output ("transposing": fp8 data with the blocks'
+# dim contiguous, the native operands quantized along N or along the tokens, whatever their
+# groups); best of bench_quantize.py --sweep and probe_baseline_kernels.py (across rows:
+# benchmarks/results/cols_tile_h200.json; one group: quantize_sweep_85956a3_h200.txt).
 # band 0: a 2-D grid, row strips fastest; band n: a 1-D grid walking bands of n row strips column
 # strip by column strip. Per-group quantize-dequantize at the MoE token shapes ran 0.03-0.06 of
 # copy faster in bands of one row strip; every other case ran faster on the 2-D grid
-# (benchmarks/probe_band_order.py -> benchmarks/results/band_order_h200.json). The one-group
-# tile was re-swept once the kernel issued fewer instructions per element: 0.84 -> 0.94 of copy
-# at 16384x16384 (benchmarks/results/quantize_sweep_85956a3_h200.txt). Blocks across rows
-# written transposed (fp8 data with the blocks' dim contiguous: the native operands quantized
-# along N or along the tokens) take one tile whatever their groups: one warp of 2 blocks x 64
-# columns, whose block maxima and byte transpose stay within the warp, ran 0.92 of copy at
-# 16384x16384 against 0.80 with the tiles above (benchmarks/results/transposing_tile_h200.json)
-TILES = {"rows": (8, 16, 1, 4, 0), "cols": (1, 128, 1, 2, 0), "one_group": (1, 128, 1, 2, 0), "groups": (1, 64, 4, 2, 1),
+# (benchmarks/probe_band_order.py -> benchmarks/results/band_order_h200.json).
+# One warp per program keeps a block's maximum and the byte transpose within the warp: the
+# transposing quantizers ran 0.91 of copy at 16384x16384 against 0.79 on the two-warp tiles, and
+# per-group quantize-dequantize 0.97-0.98 against 0.83-0.90 at the MoE token shapes
+# (benchmarks/results/quantize_sweep_one_warp_h200.txt, transposing_tile_ab_h200.json,
+# groups_tile_ab_h200.json); elsewhere one warp did no better
+TILES = {"rows": (8, 16, 1, 4, 0), "cols": (1, 128, 1, 2, 0), "one_group": (1, 128, 1, 2, 0), "groups": (1, 64, 1, 1, 1),
          "transposing": (2, 64, 1, 1, 0)}
 
 
