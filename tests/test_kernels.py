@@ -217,7 +217,7 @@ def test_repeated_calls_launch_the_bound_kernel_with_their_own_tensors(monkeypat
 
 @pytest.mark.parametrize("sizes", [[40, 0, 7], [47]])
 def test_rows_past_the_last_group_are_zeroed_by_several_tail_programs(sizes):
-    """1100 rows past offs[-1]: several turns of every tail program with either tile."""
+    """1100 rows past offs[-1]: several tail programs, each zeroing several chunks, with either tile."""
     offs = make_offs(sizes)
     x = _values((sum(sizes) + 1100, 32), 3, torch.bfloat16, False)
     assert_bitwise_equal(tri.quantize_dequantize_groups(x, offs), ref.quantize_dequantize_groups(x, offs))

@@ -281,8 +281,8 @@ def _mx_quant_kernel(
     """Program (p, q, b): blocks p*NB .. p*NB+NB-1 along r (global block ids: group after group),
     columns q*CITERS*BLOCK_C .. in CITERS tiles of [NB, 32, BLOCK_C], batch b; the block-to-group
     lookup is made once for all CITERS tiles. The n_r - n_main programs p >= n_main zero the rows
-    of y past the last group end (PAD_Y: its padded end) in turns of NB*32 rows, as many turns as
-    there are such rows: no quantizer leaves a row of its output unwritten."""
+    of y past the last group end (PAD_Y: its padded end) in turns of NB*32 rows, taking every
+    (n_r - n_main)-th chunk of them: no quantizer leaves a row of its output unwritten."""
     if BAND == 0:
         pid, pid_c = tl.program_id(0), tl.program_id(1)
     else:
@@ -481,7 +481,7 @@ def _launch_quant(
     return launch_keyed(key, tensors, lambda: _quant_launch(tensors, x3, y3, s3, rounding, dequant, scale_mode, Hp, Wp, tile))
 
 
-_TAIL_PROGRAMS = 4
+_TAIL_CHUNKS = 16
 
 
 def _quant_launch(tensors, x3, y3, s3, rounding, dequant, scale_mode, Hp, Wp, tile) -> tuple:
@@ -495,13 +495,14 @@ def _quant_launch(tensors, x3, y3, s3, rounding, dequant, scale_mode, Hp, Wp, ti
     G_R = r_ends.numel() if grouped else 1
     NB, BLOCK_C, citers, warps, band = tile
     n_main = cdiv(ref.group_scale_rows(R, G_R) if grouped else R // 32, NB)
-    # a few extra programs per column strip zero the rows past the last group end, looping over
-    # as many as there are (the host does not read the ends). Programs sized for all of y's rows
-    # instead, one per NB*32 rows, made a [16384, 16384] one-group quantize-dequantize take
+    # extra programs zero the rows past the last group end, which the host does not read: enough
+    # for all of y's rows at up to _TAIL_CHUNKS chunks of NB*32 rows each, each looping only over
+    # the rows there are. One per chunk made a [16384, 16384] one-group quantize-dequantize take
     # 1.08x the time it takes without them on the H200, 1.01-1.03x at the MoE shapes
-    # (benchmarks/results/tail_programs_h200.txt)
+    # (benchmarks/results/tail_programs_h200.txt); the loop made no difference at those shapes
+    # against 16 chunks stored masked by every program (tail_loop_ab_h200.json)
     R_y = y3.shape[1]  # y's rows: R, or every group padded (PAD_Y)
-    n_tail = _TAIL_PROGRAMS if grouped else 0
+    n_tail = cdiv(R_y, 32 * NB * _TAIL_CHUNKS) if grouped else 0
     if s_ends is None and scale_mode != PLAIN:  # BLOCKED_COL scales are grouped as the blocks are
         s_ends = r_ends if scale_mode == BLOCKED_COL else _one_group(C, x.device)
     G_S = s_ends.numel() if s_ends is not None else 1
