@@ -38,9 +38,11 @@ _BLOCK_C = 64
 # strip by column strip. Per-group quantize-dequantize at the MoE token shapes ran 0.03-0.06 of
 # copy faster in bands of one row strip; every other case ran faster on the 2-D grid
 # (benchmarks/probe_band_order.py -> benchmarks/results/band_order_h200.json).
-# One warp per program keeps a block's maximum and the byte transpose within the warp: the
-# transposing quantizers ran 0.91 of copy at 16384x16384 against 0.79 on the two-warp tiles, and
-# per-group quantize-dequantize 0.97-0.98 against 0.83-0.90 at the MoE token shapes
+# One warp per program keeps a block's maximum and the byte transpose within the warp (Triton
+# splits a block's 32 rows across the warps of 2- and 4-warp tiles): the native weight-gradient
+# operand ran 0.91 of copy at 16384x16384 against 0.78-0.80 on the two-warp one-group tile (the
+# weights along N 0.91 against 0.89-0.90), and per-group quantize-dequantize 0.97-0.98 against
+# 0.83-0.90 at the MoE token shapes
 # (benchmarks/results/quantize_sweep_one_warp_h200.txt, transposing_tile_ab_h200.json,
 # groups_tile_ab_h200.json); elsewhere one warp did no better
 TILES = {"rows": (8, 16, 1, 4, 0), "cols": (1, 128, 1, 2, 0), "one_group": (1, 128, 1, 2, 0), "groups": (1, 64, 1, 1, 1),
