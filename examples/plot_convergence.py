@@ -1,7 +1,7 @@
 """Loss curves per recipe from a train_moe.py summary JSON: a moving average of 20 steps over a
 faint raw line, median step time in the legend.
 
-    python examples/plot_convergence.py [--inp examples/results/convergence_h200.json] [--out ....png]
+    python examples/plot_convergence.py [--inp examples/results/convergence_h200_seed0.json] [--out ....png]
     (needs matplotlib, a plotting-only dependency)
 """
 
@@ -39,7 +39,7 @@ def plot(data: dict, out: pathlib.Path) -> None:
         steps = range(len(r["loss"]))
         ax.plot(steps, r["loss"], color=color, alpha=0.15, linewidth=0.6)
         ax.plot(steps, moving_average(r["loss"]), color=color, linewidth=1.5,
-                label=f"{recipe} ({r['step_ms']:.1f} ms/step median)")
+                label=recipe)
         if ref and recipe != "bf16":
             n = min(len(r["loss"]), len(ref["loss"]))
             gap = [(a - b) / b for a, b in zip(moving_average(r["loss"][:n]), moving_average(ref["loss"][:n]))]
@@ -68,7 +68,7 @@ def plot(data: dict, out: pathlib.Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--inp", type=pathlib.Path, default=RESULTS / "convergence_h200.json")
+    p.add_argument("--inp", type=pathlib.Path, default=RESULTS / "convergence_h200_seed0.json")
     p.add_argument("--out", type=pathlib.Path, default=RESULTS / "convergence_h200.png")
     args = p.parse_args(argv)
     plot(json.loads(args.inp.read_text()), args.out)

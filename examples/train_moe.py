@@ -3,7 +3,7 @@ and with the routed-expert grouped GEMMs rewritten to MXFP8 / FP8 rowwise, and c
 
     python examples/train_moe.py --recipe bf16,mxfp8,fp8_rowwise --steps 2000
     torchrun --nproc_per_node=2 examples/train_moe.py --fsdp --recipe mxfp8 --steps 200 \
-        --fsdp-compare examples/results/convergence_h200.json
+        --fsdp-compare examples/results/convergence_h200_seed0.json
 
 Every recipe starts from the same seed, initialisation and data order: the batch of step s is a
 function of (seed, step) only. Each transformer block is compiled on its own (backend "mxfp8" with

@@ -6,9 +6,9 @@ Ways in: `torch.compile(model, backend="mxfp8", options={...})`,
 """
 
 from .backend import inductor_options, mxfp8_backend, register
-from .config import MXFP8Config
+from .options import MXFP8Config
 from .explain import Report, explain
-from .kernels.reference import (
+from .kernels.mx import (
     dequantize,
     dequantize_groups,
     quantize,
@@ -16,9 +16,10 @@ from .kernels.reference import (
     to_blocked,
     to_blocked_groups,
 )
-from .lowering import grouped_mm
+from .lowering import grouped_mm, register_decompositions
 from .marking import mxfp8
 
+register_decompositions()
 register()
 
 __all__ = [

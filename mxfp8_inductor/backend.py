@@ -4,7 +4,7 @@ backend, and the process-wide pre-grad pass that serves models marked with `mxfp
 Every way rewrites the Dynamo graph before AOTAutograd and Inductor see it, and registers a
 custom pass whose `uuid()` hashes the package's sources and the options: the FX-graph and
 AOTAutograd caches do not hash a custom op's Python backward or our kernels, so without it an
-edited formula would be served stale (DESIGN §6).
+edited formula would be served stale (docs/design.md, "Caches").
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
-from .config import MXFP8Config
+from .options import MXFP8Config
 from .patterns.rewrite import SiteReport, rewrite
 
 _OWN_OPTIONS = {"include", "exclude", "recipe", "rounding", "wgrad"}

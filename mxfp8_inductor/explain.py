@@ -10,7 +10,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from .config import MXFP8Config
+from .options import MXFP8Config
 from .patterns import registry
 from .patterns.rewrite import SiteReport, rewrite
 

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 import torch
 
 from .backend import install_marked_model_pass
-from .config import MXFP8Config
+from .options import MXFP8Config
 from .patterns import registry
 
 M = TypeVar("M", bound=torch.nn.Module)
@@ -20,7 +20,7 @@ _SUBCLASSES: dict[tuple[type, frozenset[str]], type] = {}
 def _guard_class(cls: type, kept: frozenset[str]) -> type:
     """A subclass of `cls` that Dynamo's type guards tell apart from `cls` and from other
     decisions: per-block compile otherwise reuses one compiled graph for every instance of a
-    class, so one block's decision would apply to all (DESIGN §6)."""
+    class, so one block's decision would apply to all (docs/design.md, "Caches")."""
     key = (cls, kept)
     if key not in _SUBCLASSES:
         attrs = {"__module__": cls.__module__, "__qualname__": cls.__qualname__,

@@ -23,7 +23,7 @@ def _tokens(M: int, C: int, g: torch.Generator) -> torch.Tensor:
 
 
 def _forward_operands(sizes, K, N, tail=3, seed=0):
-    """As `lowering.ops._forward_rowwise`: a [M, K] and b [E, K, N], a transposed view of a
+    """As `lowering.rowwise.forward`: a [M, K] and b [E, K, N], a transposed view of a
     contiguous [E, N, K]."""
     g = torch.Generator().manual_seed(seed)
     offs = make_offs(sizes, DEVICE)
@@ -121,7 +121,7 @@ def test_opcheck_of_the_custom_op():
     """`mxfp8::fp8_grouped_mm`, the op the rowwise decomposition emits for small token groups:
     schema, fake shapes and dispatch agree with the kernel (no rows past offs[-1]: those are
     unspecified). Not test_schema: its checker multiplies the inputs, which float8 does not on CPU."""
-    from mxfp8_inductor.lowering import ops
+    from mxfp8_inductor.lowering import rowwise as rw_lowering
 
     utils = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
-    torch.library.opcheck(ops.fp8_grouped_mm_op, _forward_operands([40, 0, 17, 64], 64, 32, tail=0), test_utils=utils)
+    torch.library.opcheck(rw_lowering.fp8_grouped_mm_op, _forward_operands([40, 0, 17, 64], 64, 32, tail=0), test_utils=utils)

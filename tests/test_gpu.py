@@ -7,7 +7,8 @@ from helpers import assert_bitwise_equal, sqnr
 
 import mxfp8_inductor as mx
 from mxfp8_inductor.kernels import reference as ref
-from mxfp8_inductor.lowering import ops
+from mxfp8_inductor.lowering import mxfp8 as mx_lowering
+from mxfp8_inductor.lowering import rowwise as rw_lowering
 
 pytestmark = pytest.mark.gpu
 
@@ -87,7 +88,7 @@ def test_moe_quantizers_bit_exact(shape):
 
 def test_h200_takes_the_triton_path():
     assert torch.cuda.get_device_capability()[0] != 10 or pytest.skip("Blackwell: native path")
-    assert ops.gemm_path(torch.device("cuda"), 7168, 2048) == "triton"
+    assert mx_lowering.gemm_path(torch.device("cuda"), 7168, 2048) == "emulated"
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
@@ -137,7 +138,7 @@ def test_rowwise_fp8_gemms_match_their_emulation(monkeypatch, shape):
     compute what the CPU emulation computes, up to fp32 accumulation order: at fine64's ~512
     tokens per group ours in the forward and input grad and the FP8-rounded operands in torch's
     bf16 GEMM for the weight grad, torch's FP8 GEMMs at dsv3's ~4096 tokens per group
-    (`ops.TRITON_GEMM_MAX_TOKENS_PER_GROUP`, `ops.BF16_WGRAD_MAX_TOKENS_PER_GROUP`)."""
+    (`rowwise.TRITON_GEMM_MAX_TOKENS_PER_GROUP`, `rowwise.BF16_WGRAD_MAX_TOKENS_PER_GROUP`)."""
     E, D, F = SHAPES[shape]
     torch.manual_seed(4)
     offs = uneven_offs(E, TOKENS)
@@ -152,7 +153,7 @@ def test_rowwise_fp8_gemms_match_their_emulation(monkeypatch, shape):
         return out, a_.grad, w_.grad
 
     got = run()
-    monkeypatch.setattr(ops, "has_fp8_grouped_mm", lambda device: False)
+    monkeypatch.setattr(rw_lowering, "has_fp8_grouped_mm", lambda device: False)
     want = run()
     L = int(offs[-1])
     assert sqnr(want[0][:L], got[0][:L]) >= 40

@@ -7,7 +7,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import mxfp8_inductor as mx
 from mxfp8_inductor.kernels import reference, triton_mx
+from mxfp8_inductor.lowering import mxfp8 as mx_lowering
 from mxfp8_inductor.lowering import ops as gm
+from mxfp8_inductor.lowering import rowwise as rw_lowering
 
 # uneven groups: empty ones, sizes that are not multiples of 32, and rows past offs[-1]
 GROUPS = {
@@ -85,7 +87,7 @@ def test_triton_path_matches_reference_path(monkeypatch):
     """The GPU emulation path (Triton quantize-dequantize + bf16 grouped GEMM) equals the CPU path bit for bit."""
     a, w, b_of, offs, grad = _problem(4, K=64, N=64)
     expected = _run(mx.grouped_mm, a, w, b_of, offs, grad)
-    monkeypatch.setattr(gm, "_kernels", lambda device: triton_mx)
+    monkeypatch.setattr(mx_lowering, "implementation", lambda device: triton_mx)
     got = _run(mx.grouped_mm, a, w, b_of, offs, grad)
     L = int(offs[-1])
     assert_bitwise_equal(got[0][:L], expected[0][:L])
@@ -102,10 +104,10 @@ def test_opcheck():
         torch.library.opcheck(gm.grouped_mm_op, (a, b, offs, recipe, "floor", "bf16"))
         torch.library.opcheck(gm.grouped_mm_dgrad_op, (grad, b.detach(), offs, recipe, "rceil"))
         torch.library.opcheck(gm.grouped_mm_wgrad_op, (grad, a.detach(), offs, recipe, "rceil"))
-    torch.library.opcheck(gm.quantize_groups_rowwise_op, (a.detach(), offs, "floor"))
-    torch.library.opcheck(gm.group_amax_op, (a.detach(), offs))
-    torch.library.opcheck(gm.quantize_dequantize_op, (b.detach(), 1, "rceil"))
-    torch.library.opcheck(gm.quantize_dequantize_groups_op, (a.detach(), offs, "floor"))
+    torch.library.opcheck(rw_lowering.quantize_groups_rowwise_op, (a.detach(), offs, "floor"))
+    torch.library.opcheck(rw_lowering.group_amax_op, (a.detach(), offs))
+    torch.library.opcheck(mx_lowering.quantize_dequantize_op, (b.detach(), 1, "rceil"))
+    torch.library.opcheck(mx_lowering.quantize_dequantize_groups_op, (a.detach(), offs, "floor"))
 
 
 def test_inductor_sees_the_quantizers_and_computes_shared_ones_once():
@@ -153,17 +155,17 @@ def _fake_cuda(mode, t):
 @pytest.mark.parametrize(
     "builder, shape",
     [
-        (gm.native_forward_args, lambda M, K, N, E: (M, N)),
-        (gm.native_dgrad_args, lambda M, K, N, E: (M, K)),
-        (gm.native_wgrad_args, lambda M, K, N, E: (E, K, N)),
+        (mx_lowering.native_forward_args, lambda M, K, N, E: (M, N)),
+        (mx_lowering.native_dgrad_args, lambda M, K, N, E: (M, K)),
+        (mx_lowering.native_wgrad_args, lambda M, K, N, E: (E, K, N)),
     ],
 )
 def test_native_args_pass_torch_meta_checks(builder, shape):
     E, K, N = 8, 256, 128
     a, w, b_of, offs, grad = _problem(E, K=K, N=N)
     M = a.shape[0]
-    first = {gm.native_forward_args: a, gm.native_dgrad_args: grad, gm.native_wgrad_args: grad}[builder]
-    second = a if builder is gm.native_wgrad_args else b_of(w)
+    first = {mx_lowering.native_forward_args: a, mx_lowering.native_dgrad_args: grad, mx_lowering.native_wgrad_args: grad}[builder]
+    second = a if builder is mx_lowering.native_wgrad_args else b_of(w)
     args = builder(reference, first, second, offs, "rceil")
     with FakeTensorMode() as mode:
         fake = [_fake_cuda(mode, t) for t in args]
@@ -174,7 +176,7 @@ def test_native_args_pass_torch_meta_checks(builder, shape):
 def test_meta_check_rejects_unblocked_weight_scales():
     """Guards the test above: the meta function does check MXFP8 scale shapes."""
     a, w, b_of, offs, _ = _problem(8, K=256, N=128)
-    args = list(gm.native_forward_args(reference, a, b_of(w), offs, "rceil"))
+    args = list(mx_lowering.native_forward_args(reference, a, b_of(w), offs, "rceil"))
     args[3] = reference.quantize(w, -1)[1]  # [E, N, K/32], not blocked
     with FakeTensorMode() as mode, pytest.raises(RuntimeError, match="MXFP8"):
         fake = [_fake_cuda(mode, t) for t in args]
@@ -214,7 +216,7 @@ def test_rowwise_forward_decomposes_to_fusible_ops_and_a_visible_fp8_gemm(monkey
     from torch._inductor.decomposition import select_decomp_table
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    monkeypatch.setattr(gm, "has_fp8_grouped_mm", lambda device: True)
+    monkeypatch.setattr(rw_lowering, "has_fp8_grouped_mm", lambda device: True)
     with FakeTensorMode() as mode:
         a = torch.empty(4 * tokens_per_group, 128, dtype=torch.bfloat16, device="cuda")
         w = torch.empty(4, 96, 128, dtype=torch.bfloat16, device="cuda")
@@ -235,7 +237,7 @@ def test_rowwise_forward_decomposes_to_fusible_ops_and_a_visible_fp8_gemm(monkey
                         decomposition_table=select_decomp_table())(grad, a, offs).graph
     wgrad_ops = [str(n.target) for n in wgrad.nodes if n.op == "call_function" and str(n.target).startswith("mxfp8.")
                  or "grouped_mm" in str(n.target)]
-    small = tokens_per_group < gm.BF16_WGRAD_MAX_TOKENS_PER_GROUP
+    small = tokens_per_group < rw_lowering.BF16_WGRAD_MAX_TOKENS_PER_GROUP
     assert wgrad_ops == (["mxfp8.group_amax.default"] * 2 + ["aten._grouped_mm.default"] if small else
                          ["mxfp8.quantize_groups_rowwise.default"] * 2 + ["aten._scaled_grouped_mm.default"])
 
@@ -250,29 +252,29 @@ def test_rowwise_small_group_weight_grad_is_the_fp8_one_in_bf16(monkeypatch, siz
     a = torch.randn(M, 64, generator=g).bfloat16()
     grad = (torch.randn(M, 32, generator=g) * 1e3).bfloat16()
     a[M - 1] = float("nan")
-    want = gm._wgrad_rowwise(grad, a, offs, "rceil")
-    monkeypatch.setattr(gm, "has_fp8_grouped_mm", lambda device: True)
-    got = gm._wgrad_rowwise(grad, a, offs, "rceil")
+    want = rw_lowering.wgrad(grad, a, offs, "rceil", False)
+    monkeypatch.setattr(rw_lowering, "has_fp8_grouped_mm", lambda device: True)
+    got = rw_lowering.wgrad(grad, a, offs, "rceil", False)
     assert_bitwise_equal(got, want)
     assert all(torch.all(got[e] == 0) for e, n in enumerate(sizes) if n == 0)
 
 
 @pytest.mark.parametrize(
     "capability, K, N, path",
-    [((9, 0), 256, 256, "triton"), ((8, 0), 256, 256, "triton"), ((12, 0), 256, 256, "triton"),
-     ((10, 0), 256, 256, "native"), ((10, 0), 96, 256, "triton"), ((10, 3), 256, 160, "triton")],
+    [((9, 0), 256, 256, "emulated"), ((8, 0), 256, 256, "emulated"), ((12, 0), 256, 256, "emulated"),
+     ((10, 0), 256, 256, "native"), ((10, 0), 96, 256, "emulated"), ((10, 3), 256, 160, "emulated")],
 )
 def test_gemm_path_by_capability(monkeypatch, capability, K, N, path):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
-    assert gm.gemm_path(torch.device("cuda"), K, N) == path
-    assert gm.gemm_path(torch.device("cpu"), K, N) == "reference"
+    assert mx_lowering.gemm_path(torch.device("cuda"), K, N) == path
+    assert mx_lowering.gemm_path(torch.device("cpu"), K, N) == "reference"
 
 
 @pytest.mark.parametrize("capability, fp8", [((9, 0), True), ((8, 9), False), ((10, 0), False), ((10, 3), False)])
 def test_rowwise_fp8_gemm_only_where_verified(monkeypatch, capability, fp8):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
-    assert gm.has_fp8_grouped_mm(torch.device("cuda")) == fp8
-    assert not gm.has_fp8_grouped_mm(torch.device("cpu"))
+    assert rw_lowering.has_fp8_grouped_mm(torch.device("cuda")) == fp8
+    assert not rw_lowering.has_fp8_grouped_mm(torch.device("cpu"))
 
 
 # --------------------------------------------------------------------------------------------

@@ -296,13 +296,13 @@ import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from mxfp8_inductor.kernels import triton_mx as tri
+from mxfp8_inductor.kernels import triton_common
 
 
 @triton.jit
 def cast(x_ptr, y_ptr, inv):
     i = tl.arange(0, 128)
-    tl.store(y_ptr + i, tri._scaled_to_e4m3(tl.load(x_ptr + i), inv, True))
+    tl.store(y_ptr + i, triton_common.scaled_to_e4m3(tl.load(x_ptr + i), inv, True))
 
 
 src = ASTSource(cast, {"x_ptr": "*fp32", "y_ptr": "*u8", "inv": "fp32"})
@@ -312,7 +312,7 @@ print(triton.compile(src, target=GPUTarget("cuda", int(sys.argv[1]), 32)).asm["p
 
 @pytest.mark.parametrize("capability", [90, 100])
 def test_gpu_float8_cast_saturates(tmp_path, capability):
-    """On GPUs `_scaled_to_e4m3` has no clamp: it relies on Triton casting fp32 to float8_e4m3fn
+    """On GPUs `scaled_to_e4m3` has no clamp: it relies on Triton casting fp32 to float8_e4m3fn
     with cvt.rn.satfinite (saturate to +-448, NaN kept), which FLOOR scales need (their block
     maxima reach 511). The interpreter cannot show this, so read the PTX Triton builds for Hopper
     and Blackwell (in a process without the interpreter; no GPU needed): a cast without

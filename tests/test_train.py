@@ -121,8 +121,9 @@ def test_fsdp2_two_gloo_ranks_follow_single_process(single, tmp_path):
 
 
 def test_seed_summary_pairs_each_recipe_with_bf16_of_its_seed(tmp_path):
-    """Only 1000-step one-GPU runs count, nudged-bf16 runs never stand in for bf16, and a recipe in
-    a file of its own is compared with the bf16 of its seed."""
+    """Only 1000-step one-GPU runs count, a nudged-bf16 run is the noise floor (never bf16 itself),
+    a recipe in a file of its own is compared with the bf16 of its seed, and a gap of one sign on
+    every seed is outside noise however small."""
     import seed_summary
 
     def write(name, seed, recipes, steps=1000, **cfg):
@@ -130,17 +131,19 @@ def test_seed_summary_pairs_each_recipe_with_bf16_of_its_seed(tmp_path):
                 "recipes": {r: {"loss": [loss] * steps} for r, loss in recipes.items()}}
         (tmp_path / f"{name}.json").write_text(json.dumps(data))
 
-    write("a", 0, {"bf16": 2.0, "mxfp8": 2.03})
-    write("b", 0, {"fp8_rowwise": 1.99})
-    write("c", 1, {"bf16": 1.0, "mxfp8": 1.0})
-    write("noise", 1, {"bf16": 9.0}, init_noise=1e-3)
+    for seed in range(4):
+        write(f"s{seed}", seed, {"bf16": 2.0, "mxfp8": 2.0 + 0.001 * (seed + 1)})
+        write(f"s{seed}_noise", seed, {"bf16": 2.0 + 0.004 * (-1) ** seed}, init_noise=1e-3)
+    write("rowwise", 0, {"fp8_rowwise": 1.99})
     write("fsdp", 1, {"bf16": 9.0}, world_size=2)
     write("short", 2, {"bf16": 1.0, "mxfp8": 9.0}, steps=20)
     out = tmp_path / "summary.json"
     seed_summary.main(["--results", str(tmp_path), "--out", str(out)])
     got = json.loads(out.read_text())
-    assert got["final_loss"] == {"0": {"bf16": 2.0, "mxfp8": 2.03, "fp8_rowwise": 1.99},
-                                 "1": {"bf16": 1.0, "mxfp8": 1.0}}
-    assert got["recipes"]["mxfp8"]["mean_gap"] == pytest.approx(0.0075)
-    assert got["recipes"]["mxfp8"]["seeds_within_bar"] == 1  # seed 0 is 1.5% off
+    assert got["final_loss"]["0"] == {"bf16": 2.0, "mxfp8": 2.001, "fp8_rowwise": 1.99, seed_summary.NOISE: 2.004}
+    mx = got["recipes"]["mxfp8"]
+    assert mx["mean_gap"] == pytest.approx(0.00125) and mx["most_on_one_side"] == 4
+    assert mx["bar"] == pytest.approx(0.003) and not mx["within_noise"]  # 4 of 4 above bf16
+    noise = got["recipes"][seed_summary.NOISE]
+    assert noise["mean_gap"] == pytest.approx(0.0) and noise["within_noise"]
     assert got["recipes"]["fp8_rowwise"]["gap_by_seed"] == {"0": pytest.approx(-0.005)}

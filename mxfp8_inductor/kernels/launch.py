@@ -72,9 +72,9 @@ def launch(kernel, grid: tuple[int, ...], *args, **kwargs) -> None:
 
 
 def bind(kernel, grid: tuple[int, ...], args: tuple, kwargs: dict, tensors: tuple) -> Callable[..., None]:
-    """`launch(kernel, grid, *args, **kwargs)`, returning `again(*new)`: the same launch with
+    """`launch(kernel, grid, *args, **kwargs)`, returning `relaunch(*new)`: the same launch with
     new[j] wherever `args` holds tensors[j] (the same object; None entries are skipped). The
-    caller keys `again` on all it fixes: every other argument, and the new tensors' dtypes and
+    caller keys `relaunch` on all it fixes: every other argument, and the new tensors' dtypes and
     16-byte alignment, which the compiled kernel is specialized on."""
     slots = [next((j for j, t in enumerate(tensors) if t is a), None) if isinstance(a, torch.Tensor) else None
              for a in args]
@@ -82,10 +82,10 @@ def bind(kernel, grid: tuple[int, ...], args: tuple, kwargs: dict, tensors: tupl
         launch(kernel, grid, *args, **kwargs)
         base = [a if j is None else None for a, j in zip(args, slots)]
 
-        def again(*new) -> None:
+        def relaunch(*new) -> None:
             kernel[_grid3(grid, kwargs)](*[a if j is None else new[j] for a, j in zip(base, slots)], **kwargs)
 
-        return again
+        return relaunch
     device = args[0].device.index
     compiled, full = _launch_cached(kernel, grid, args, kwargs)
     grid3 = _grid3(grid, kwargs)
@@ -93,13 +93,13 @@ def bind(kernel, grid: tuple[int, ...], args: tuple, kwargs: dict, tensors: tupl
     fixed = [a if j is None else None for a, j in zip(full, slots + [None] * (len(full) - len(slots)))]
     moved = [(i, j) for i, j in enumerate(slots) if j is not None]
 
-    def again(*new) -> None:
+    def relaunch(*new) -> None:
         full = fixed.copy()
         for i, j in moved:
             full[i] = new[j]
         _run(compiled, grid3, device, full)
 
-    return again
+    return relaunch
 
 
 _bound: dict[tuple, Callable[..., None]] = {}
@@ -114,12 +114,12 @@ def launch_keyed(key: tuple, tensors: tuple, prepare: Callable[[], tuple]) -> Ca
     that key it themselves on less."""
     key = (key, tensors[0].device,
            *[(t.dtype, t.numel(), t.data_ptr() % 16) if t is not None else None for t in tensors])
-    again = _bound.get(key)
-    if again is None:
+    relaunch = _bound.get(key)
+    if relaunch is None:
         if len(_bound) >= _MAX_ENTRIES:
             _bound.clear()
         kernel, grid, args, kwargs = prepare()
-        again = _bound[key] = bind(kernel, grid, args, kwargs, tensors)
+        relaunch = _bound[key] = bind(kernel, grid, args, kwargs, tensors)
     else:
-        again(*tensors)
-    return again
+        relaunch(*tensors)
+    return relaunch

@@ -1,6 +1,6 @@
 """Pure-torch MXFP8 reference: the numerics contract every kernel is tested against.
 
-Contract (DESIGN §3): blocks of 32 contiguous elements along one dimension, one power-of-two
+Contract (docs/design.md, "Numerics contract"): blocks of 32 contiguous elements along one dimension, one power-of-two
 float8_e8m0fnu scale per block, float8_e4m3fn data.
 - RCEIL: scale = 2^ceil(log2(amax / 448)); FLOOR: scale = 2^(floor(log2(amax)) - 8).
   Both exponents are computed exactly from amax's float32 bits (no log2 or division rounding).
@@ -17,17 +17,13 @@ from __future__ import annotations
 
 import torch
 
+from ..options import check_choice
+
 BLOCK = 32
 E4M3_MAX = 448.0
-ROUNDINGS = ("rceil", "floor")
 
 _MANT_MASK = 0x7FFFFF
 _E4M3_MAX_MANT = 0x600000  # mantissa bits of 448 = 1.75 * 2^8
-
-
-def check_rounding(rounding: str) -> None:
-    if rounding not in ROUNDINGS:
-        raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
 
 
 def scale_exponent(amax: torch.Tensor, rounding: str) -> torch.Tensor:
@@ -36,7 +32,7 @@ def scale_exponent(amax: torch.Tensor, rounding: str) -> torch.Tensor:
     With amax = 1.m * 2^(ea-127) and 448 = 1.75 * 2^8: ceil(log2(amax/448)) = ea - 135 + (m > 0.75),
     floor(log2(amax)) - 8 = ea - 135. Subnormal maxima (ea = 0) clamp to byte 0.
     """
-    check_rounding(rounding)
+    check_choice("rounding", rounding)
     bits = amax.float().view(torch.int32)
     biased = ((bits >> 23) & 0xFF) - 8
     if rounding == "rceil":
@@ -89,7 +85,7 @@ def quantize(
     shape except `dim`, which is divided by 32.
     """
     check_float(x)
-    check_rounding(rounding)
+    check_choice("rounding", rounding)
     dim = dim % x.dim()
     if x.shape[dim] % BLOCK:
         raise ValueError(f"dim {dim} of shape {tuple(x.shape)} must be a multiple of {BLOCK}")
@@ -159,7 +155,7 @@ def quantize_groups(
     ceil(size_g / 32) scale rows start at sum_{j<g} ceil(size_j / 32); unused rows are byte 0.
     """
     check_float(x_MK)
-    check_rounding(rounding)
+    check_choice("rounding", rounding)
     check_offs(offs)
     M, K = x_MK.shape
     data_MK = torch.zeros(M, K, dtype=torch.float8_e4m3fn, device=x_MK.device)
@@ -195,7 +191,7 @@ def quantize_dequantize_groups(
 
 
 # --------------------------------------------------------------------------------------------
-# Scale layouts for the native GEMM (DESIGN §4)
+# Scale layouts for the native GEMM (docs/design.md, "Scale layouts")
 
 
 def _round_up(x: int, m: int) -> int:

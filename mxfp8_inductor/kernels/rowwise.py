@@ -69,14 +69,14 @@ def quantize_groups(
     check_float(x_MK)
     M, G = x_MK.shape[0], offs.numel()
     biased_GK = scale_exponent(group_amax(x_MK, offs), rounding)
-    pends = padded_group_offs(offs, ALIGN)
+    padded_ends = padded_group_offs(offs, ALIGN)
     j = torch.arange(padded_rows(M, G), device=x_MK.device, dtype=torch.int32)
-    g = _group_ids(pends, len(j)).clamp(max=G - 1)
-    src = _starts(offs)[g] + j - _starts(pends)[g]
-    valid = (src < offs[g])[:, None]  # columns past pends[g] map past the group's end
+    g = _group_ids(padded_ends, len(j)).clamp(max=G - 1)
+    src = _starts(offs)[g] + j - _starts(padded_ends)[g]
+    valid = (src < offs[g])[:, None]  # columns past padded_ends[g] map past the group's end
     x_MpK = x_MK[src.clamp(0, M - 1)].float()
     data_MpK = torch.where(valid, _cast(x_MpK, biased_GK[g]).float(), 0.0).to(torch.float8_e4m3fn)
-    return data_MpK.t().contiguous(), exponent_to_float(biased_GK), pends
+    return data_MpK.t().contiguous(), exponent_to_float(biased_GK), padded_ends
 
 
 def quantize_dequantize_groups(

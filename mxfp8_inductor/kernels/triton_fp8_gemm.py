@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from .launch import launch_keyed
-from .triton_mx import _bits, _e4m3_decode, _find, _groups, _pick, _store_f32, cdiv, pow2
+from .triton_common import as_bits, e4m3_decode, group_of, group_table, lane_value, store_f32, cdiv, pow2
 
 F8 = torch.float8_e4m3fn
 
@@ -58,7 +58,7 @@ def _mma(acc, a_rows, a_ok, b_rows, b_ok, k0, k_end, HW_CVT: tl.constexpr, BK: t
         # K=4096) for ~20% of the speed
         acc = tl.dot(a8, tl.trans(b8), acc, out_dtype=tl.float32, max_num_imprecise_acc=BK)
     else:
-        acc = tl.dot(_e4m3_decode(a, False), tl.trans(_e4m3_decode(b, False)), acc, input_precision="ieee")
+        acc = tl.dot(e4m3_decode(a, False), tl.trans(e4m3_decode(b, False)), acc, input_precision="ieee")
     return acc
 
 
@@ -91,12 +91,12 @@ def _gemm_2d3d_kernel(
     programs in flight share a few A row tiles and one expert's B in L2."""
     n_tiles = tl.cdiv(N, BN)
     pid = tl.program_id(0) // n_tiles
-    starts, ends, tile_ends = _groups(offs_ptr, E, EP, BM)
+    starts, ends, tile_ends = group_table(offs_ptr, E, EP, BM)
     if pid >= tl.max(tile_ends, 0):
         return
-    g = _find(tile_ends, E, pid + tl.zeros([1], dtype=tl.int32))  # a 1-lane block: the helpers take blocks
-    start, end = _pick(starts, g), _pick(ends, g)
-    first_tile = _pick(tile_ends, g) - (end - start + BM - 1) // BM
+    g = group_of(tile_ends, E, pid + tl.zeros([1], dtype=tl.int32))  # a 1-lane block: the helpers take blocks
+    start, end = lane_value(starts, g), lane_value(ends, g)
+    first_tile = lane_value(tile_ends, g) - (end - start + BM - 1) // BM
     m = start + (pid - first_tile) * BM + tl.arange(0, BM)
     m_ok = (m < end) & (m < M)  # m < M: malformed offs must not write past out
     n = (tl.program_id(0) % n_tiles) * BN + tl.arange(0, BN)
@@ -107,7 +107,7 @@ def _gemm_2d3d_kernel(
     sa = tl.load(sa_ptr + m, mask=m_ok, other=0.0)
     sb = tl.load(sb_ptr + g * N + n, mask=n_ok, other=0.0)
     out = out_ptr + m.to(tl.int64)[:, None] * N + n[None, :]
-    _store_f32(out, acc * sa[:, None] * sb[None, :], m_ok[:, None] & n_ok[None, :], True, HW_CVT)
+    store_f32(out, acc * sa[:, None] * sb[None, :], m_ok[:, None] & n_ok[None, :], True, HW_CVT)
 
 
 _gemm_2d3d_tuned = triton.autotune(GPU_CONFIGS, key=["N", "K"])(_gemm_2d3d_kernel)
@@ -180,7 +180,7 @@ def scaled_grouped_mm(
     grid = lambda c: ((cdiv(M, c["BM"]) + E) * cdiv(N, c["BN"]),)
     _launch(
         _gemm_2d3d_kernel, _gemm_2d3d_tuned, (N, K), grid,
-        (a8, a8.stride(0), b8, b8.stride(0), b8.stride(2), scale_a.contiguous(), scale_b.contiguous(), _bits(out), offs,
+        (a8, a8.stride(0), b8, b8.stride(0), b8.stride(2), scale_a.contiguous(), scale_b.contiguous(), as_bits(out), offs,
          M, N, K), dict(E=E, EP=pow2(E), HW_CVT=a.is_cuda),
     )
     return out

@@ -4,7 +4,7 @@ Every quantizer is one kernel, `_mx_quant_kernel`, over a logical view X[b, r, c
 blocks of 32 run along r; r may be cut into groups (token groups of the weight gradient; a block
 never straddles two groups), c is the other dim, b a batch (experts). The kernel writes either
 float8 data + e8m0 scales, or the dequantized values (the fused quantize-dequantize of the Hopper
-path). Scales go to one of three layouts (DESIGN §4):
+path). Scales go to one of three layouts (docs/design.md, "Scale layouts"):
   PLAIN       scale[b, block, c] at arbitrary strides;
   BLOCKED_COL groups along the block dim, each group's [C, blocks_g] tiles back to back (wgrad);
   BLOCKED_ROW groups along c (token rows, forward/input-grad) or one group per batch (3-D weights).
@@ -22,31 +22,38 @@ import torch
 import triton
 import triton.language as tl
 
+from ..options import check_choice
 from . import reference as ref
 from .launch import _MAX_ENTRIES, launch, launch_keyed
+from .triton_common import (
+    as_bits, block_amax, cdiv, e4m3_decode, e8m0_to_float, group_of, group_table, inv_scale, lane_value, load_f32,
+    padded_starts, pow2, scale_exponent, scaled_to_e4m3, store_f32,
+)
 
 PLAIN, BLOCKED_COL, BLOCKED_ROW = 0, 1, 2
 _BLOCK_C = 64
-# (blocks per program, columns per tile, tiles per program, warps, band), keyed by where the blocks
-# run: along the contiguous dim ("rows"), across rows ("cols"), across rows in one token group
-# ("one_group": the group table is read, with no lookup to share across tiles) and in several
-# ("groups"), and across rows into a transposed output ("transposing": fp8 data with the blocks'
-# dim contiguous, the native operands quantized along N or along the tokens, whatever their
-# groups); best of bench_quantize.py --sweep and probe_baseline_kernels.py (across rows:
-# benchmarks/results/cols_tile_h200.json; one group: quantize_sweep_85956a3_h200.txt).
-# band 0: a 2-D grid, row strips fastest; band n: a 1-D grid walking bands of n row strips column
-# strip by column strip. Per-group quantize-dequantize at the MoE token shapes ran 0.03-0.06 of
-# copy faster in bands of one row strip; every other case ran faster on the 2-D grid
-# (benchmarks/probe_band_order.py -> benchmarks/results/band_order_h200.json).
-# One warp per program keeps a block's maximum and the byte transpose within the warp (Triton
-# splits a block's 32 rows across the warps of 2- and 4-warp tiles): the native weight-gradient
-# operand ran 0.91 of copy at 16384x16384 against 0.78-0.80 on the two-warp one-group tile (the
-# weights along N 0.91 against 0.89-0.90), and per-group quantize-dequantize 0.97-0.98 against
-# 0.83-0.90 at the MoE token shapes
-# (benchmarks/results/quantize_sweep_one_warp_h200.txt, transposing_tile_ab_h200.json,
-# groups_tile_ab_h200.json); elsewhere one warp did no better
-TILES = {"rows": (8, 16, 1, 4, 0), "cols": (1, 128, 1, 2, 0), "one_group": (1, 128, 1, 2, 0), "groups": (1, 64, 1, 1, 1),
-         "transposing": (2, 64, 1, 1, 0)}
+
+
+class Tile(NamedTuple):
+    """How one program of `_mx_quant_kernel` covers its input."""
+
+    blocks: int  # 32-blocks along r per program
+    columns: int  # columns per tile
+    tiles: int  # column tiles per program
+    warps: int
+    band: int  # 0: a 2-D grid, row strips fastest; n: a 1-D grid walking bands of n row strips
+
+
+# The tile of each layout, keyed by where the 32-blocks run: along the contiguous dim ("rows"),
+# across rows ("cols"), across rows within one token group ("one_group": no group lookup to share
+# across tiles) or several ("groups"), and across rows into a transposed output ("transposing":
+# the native operands quantized along N or along the tokens). Chosen by
+# `benchmarks/bench_quantize.py --sweep` on the H200 (docs/performance.md). One warp keeps a
+# block's maximum and the byte transpose inside the warp: Triton splits a block's 32 rows across
+# the warps of larger tiles, through shared memory and a barrier. Bands of one row strip keep the
+# per-group quantize-dequantize's group table in cache.
+TILES = {"rows": Tile(8, 16, 1, 4, 0), "cols": Tile(1, 128, 1, 2, 0), "one_group": Tile(1, 128, 1, 2, 0),
+         "groups": Tile(1, 64, 1, 1, 1), "transposing": Tile(2, 64, 1, 1, 0)}
 
 
 @triton.jit
@@ -61,168 +68,13 @@ def _band_order(pid, n_r, n_c, BAND: tl.constexpr):
 
 
 @triton.jit
-def _groups(ends_ptr, G: tl.constexpr, GP: tl.constexpr, UNIT: tl.constexpr):
-    """Group table in registers from the G group ends (GP = next power of two lanes): each group's
-    start and end row and its end in units, a group spanning ceil(size / UNIT) units (32-row
-    blocks, or padded row chunks). Computed by every program: cheaper than host ops per call."""
-    i = tl.arange(0, GP)
-    end = tl.load(ends_ptr + i, mask=i < G, other=0)
-    start = tl.load(ends_ptr + i - 1, mask=(i > 0) & (i < G), other=0)
-    return start, end, tl.cumsum((end - start + UNIT - 1) // UNIT, 0)
-
-
-@triton.jit
-def _find(unit_end, G: tl.constexpr, x):
-    """The group holding unit x, for a 1-D block x (G past the last group)."""
-    i = tl.arange(0, unit_end.shape[0])
-    return tl.sum(((unit_end[None, :] <= x[:, None]) & (i < G)[None, :]).to(tl.int32), axis=1)
-
-
-@triton.jit
 def _scale_group_bounds(ends_ptr, G: tl.constexpr, GP: tl.constexpr, MODE: tl.constexpr):
     """Each scale group's first and end index in lanes, from the G group row ends in memory: in
     32-row blocks (BLOCKED_COL: groups along the blocks) or in rows (BLOCKED_ROW)."""
-    starts, ends, blk_ends = _groups(ends_ptr, G, GP, 32)
+    starts, ends, blk_ends = group_table(ends_ptr, G, GP, 32)
     if MODE == 1:
         starts, ends = blk_ends - (ends - starts + 31) // 32, blk_ends
     return starts, ends
-
-
-@triton.jit
-def _padded_starts(count, PAD: tl.constexpr):
-    """Exclusive running sum of per-group lane counts, each rounded up to a multiple of PAD: where
-    each group starts in a layout that pads every group."""
-    padded = (count + PAD - 1) // PAD * PAD
-    return tl.cumsum(padded, 0) - padded
-
-
-@triton.jit
-def _pick(v, g):
-    """v[g] for a 1-D index block g (v's lanes hold one value per group)."""
-    i = tl.arange(0, v.shape[0])
-    return tl.sum(tl.where(i[None, :] == g[:, None], v[None, :], 0), axis=1)
-
-
-@triton.jit
-def _scale_exponent(amax, RCEIL: tl.constexpr):
-    """`reference.scale_exponent` of float32 maxima in which NaN already counts as inf."""
-    bits = amax.to(tl.int32, bitcast=True)
-    biased = ((bits >> 23) & 0xFF) - 8
-    if RCEIL:
-        biased += ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)
-    biased = tl.minimum(tl.maximum(biased, 0), 254)
-    return tl.where(amax == float("inf"), 255, biased)
-
-
-@triton.jit
-def _inv_scale(biased):
-    """`reference.inv_scale`: 2^(127 - byte) as float32, 1 for NaN blocks."""
-    return tl.where(biased == 255, 127 << 23, (254 - biased) << 23).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _widen(v):
-    """Loaded bf16 or fp32 values as fp32. bf16 bits (int16 pointers, see `_bits`) widen by a
-    shift: the interpreter flushes subnormals in a bf16 -> fp32 cast."""
-    if v.dtype == tl.int16:
-        out = (v.to(tl.int32) << 16).to(tl.float32, bitcast=True)
-    else:
-        out = v.to(tl.float32)
-    return out
-
-
-@triton.jit
-def _load_f32(ptr, mask):
-    """Load bf16 (or its int16 bits) or fp32 as fp32."""
-    return _widen(tl.load(ptr, mask=mask, other=0))
-
-
-@triton.jit
-def _store_f32(ptr, y, mask, OUT_BF16: tl.constexpr, HW_CVT: tl.constexpr):
-    """Store fp32 as fp32, or as bf16 rounded to nearest even: by the hardware cast (to a bf16
-    pointer or to int16 bits) or in integer math (int16 bits, for the interpreter; see `_bits`)."""
-    if OUT_BF16 and HW_CVT:
-        if ptr.dtype.element_ty == tl.int16:
-            tl.store(ptr, y.to(tl.bfloat16).to(tl.int16, bitcast=True), mask=mask)
-        else:
-            tl.store(ptr, y.to(tl.bfloat16), mask=mask)
-    elif OUT_BF16:
-        bits = y.to(tl.int32, bitcast=True)
-        u = bits & 0x7FFFFFFF
-        r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-        r = tl.where(u > 0x7F800000, 0x7FC0, r) | ((bits >> 16) & 0x8000)
-        tl.store(ptr, r.to(tl.int16), mask=mask)
-    else:
-        tl.store(ptr, y, mask=mask)
-
-
-@triton.jit
-def _e4m3_encode(q, sign):
-    """float32 |q| <= 448 (or NaN) -> float8_e4m3fn byte, round-to-nearest-even, in integer math.
-    For the interpreter, whose float8 cast rounds wrongly; GPUs use the hardware cast."""
-    u = q.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-    e32 = u >> 23
-    # normal e4m3 (>= 2^-6): round away the low 20 mantissa bits, carrying into the exponent
-    normal = ((u + 0x7FFFF + ((u >> 20) & 1)) >> 20) - (120 << 3)
-    # subnormal e4m3: round (1.m * 2^23) / 2^s to an integer, s = 141 - e32
-    mfull = (u & 0x7FFFFF) | 0x800000
-    s = tl.minimum(141 - e32, 25)
-    s = tl.maximum(s, 1)
-    half = 1 << (s - 1)
-    qi = mfull >> s
-    rem = mfull - (qi << s)
-    sub = qi + ((rem > half) | ((rem == half) & ((qi & 1) == 1))).to(tl.int32)
-    code = tl.where(e32 >= 121, normal, sub)
-    code = tl.where(q != q, 0x7F, code)
-    return (code | (sign << 7)).to(tl.uint8)
-
-
-@triton.jit
-def _scaled_to_e4m3(x, inv, HW_CVT: tl.constexpr):
-    """float8_e4m3fn bytes (uint8) of saturate(x * inv); NaN stays NaN."""
-    q = x * inv
-    if HW_CVT:
-        # Triton 3.6 casts with cvt.rn.satfinite for sm_90 and sm_100, which saturates to +-448
-        # and keeps NaN (tests/test_kernels.py reads the PTX): a clamp here would cost 4
-        # instructions per element in kernels bound by instruction issue as much as by memory
-        q8 = q.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-    else:
-        q = tl.where(q != q, q, tl.minimum(tl.maximum(q, -448.0), 448.0))
-        q8 = _e4m3_encode(q, (x.to(tl.int32, bitcast=True) >> 31) & 1)
-    return q8
-
-
-@triton.jit
-def _block_amax(x, axis: tl.constexpr):
-    """max |x| along `axis` of float32 x, inf where a NaN is met. Taken on the bits, where every
-    NaN is above inf: two instructions per element instead of a float max's three (NaN test,
-    select, max), and the interpreter's own integer max (a NaN-propagating float max needs a
-    custom combine, which the interpreter runs per element in Python)."""
-    amax = tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=axis)
-    return tl.minimum(amax, 0x7F800000).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _e4m3_decode(byte, HW_CVT: tl.constexpr):
-    """float8_e4m3fn byte (uint8) -> float32 (in integer math where the hardware cast is missing)."""
-    if HW_CVT:
-        out = byte.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-    else:
-        code = byte.to(tl.int32)
-        e4 = (code >> 3) & 0xF
-        m3 = code & 7
-        mag = tl.where(e4 > 0, ((e4 + 120) << 23) | (m3 << 20), 0).to(tl.float32, bitcast=True)
-        mag = tl.where(e4 > 0, mag, m3.to(tl.float32) * 0.001953125)  # subnormal: m * 2^-9
-        mag = tl.where((code & 0x7F) == 0x7F, float("nan"), mag)
-        # OR in the sign bit: Triton negates as 0 - x, which loses the sign of zero
-        out = (mag.to(tl.int32, bitcast=True) | ((code & 0x80) << 24)).to(tl.float32, bitcast=True)
-    return out
-
-
-@triton.jit
-def _e8m0_to_float(biased):
-    bits = tl.where(biased > 0, biased << 23, 1 << 22)  # byte 0 is the subnormal 2^-127
-    return tl.where(biased == 255, 0x7FC00000, bits).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -245,16 +97,16 @@ def _scale_offsets(b, row, col, ss_b, ss_col, ss_row, g_start, g_end, G: tl.cons
         offs = b * ss_b + col[:, None] * ss_col + row[None, :] * ss_row
         valid = (col[:, None] >= 0) & (row[None, :] >= 0)
     elif MODE == 1:
-        g = _find(g_end, G, col)
-        first = _pick(g_start, g)
-        nblk = _pick(g_end - g_start, g)
-        base = _pick(_padded_starts(g_end - g_start, 4), g).to(tl.int64) * Hp
+        g = group_of(g_end, G, col)
+        first = lane_value(g_start, g)
+        nblk = lane_value(g_end - g_start, g)
+        base = lane_value(padded_starts(g_end - g_start, 4), g).to(tl.int64) * Hp
         offs = base[:, None] + _blocked_offset(row[None, :], (col - first)[:, None], ((nblk + 3) // 4 * 4)[:, None])
         valid = (g < G)[:, None] & (row[None, :] >= 0)
     else:
-        g = _find(g_end, G, row)
-        first = _pick(g_start, g)
-        base = b * Hp * Wp + _pick(_padded_starts(g_end - g_start, 128), g).to(tl.int64) * Wp
+        g = group_of(g_end, G, row)
+        first = lane_value(g_start, g)
+        base = b * Hp * Wp + lane_value(padded_starts(g_end - g_start, 128), g).to(tl.int64) * Wp
         offs = base[None, :] + _blocked_offset((row - first)[None, :], col[:, None], Wp)
         valid = (col[:, None] >= 0) & (g < G)[None, :]
     return offs, valid
@@ -266,8 +118,8 @@ def _mx_quant_kernel(
     y_ptr, sy_b, sy_r, sy_c,
     s_ptr, ss_b, ss_blk, ss_c,
     R, C, n_main, n_r, R_y,
-    r_ends_ptr, G_R: tl.constexpr, GP_R: tl.constexpr, pends_ptr,
-    s_ends_ptr, G_S: tl.constexpr, GP_S: tl.constexpr, Hp, Wp,
+    r_ends_ptr, R_GROUPS: tl.constexpr, R_GROUPS_P2: tl.constexpr, padded_ends_ptr,
+    s_ends_ptr, S_GROUPS: tl.constexpr, S_GROUPS_P2: tl.constexpr, Hp, Wp,
     RCEIL: tl.constexpr,
     DEQUANT: tl.constexpr,
     SCALE_MODE: tl.constexpr,
@@ -293,10 +145,10 @@ def _mx_quant_kernel(
     rr = tl.arange(0, 32)
     if pid >= n_main:
         if PAD_Y:  # y's rows: every group padded to whole blocks, then up to R_y
-            _, _, blk_ends = _groups(r_ends_ptr, G_R, GP_R, 32)
+            _, _, blk_ends = group_table(r_ends_ptr, R_GROUPS, R_GROUPS_P2, 32)
             last = tl.max(blk_ends, 0) * 32
         else:
-            last = tl.load(r_ends_ptr + G_R - 1).to(tl.int32)  # (a dummy pointer of any type when ungrouped)
+            last = tl.load(r_ends_ptr + R_GROUPS - 1).to(tl.int32)  # (a dummy pointer of any type when ungrouped)
         zero = tl.zeros([NB, 32, BLOCK_C], dtype=y_ptr.dtype.element_ty)
         r0 = last + (pid - n_main) * NB * 32
         while r0 < R_y:  # not a range: the interpreter's scalars are 1-element arrays, not indices
@@ -309,11 +161,11 @@ def _mx_quant_kernel(
     else:
         jb = pid * NB + tl.arange(0, NB)
         if GROUPED:
-            starts, ends, blk_ends = _groups(r_ends_ptr, G_R, GP_R, 32)
-            g = _find(blk_ends, G_R, jb)
-            row0 = _pick(starts, g)
-            g_end = _pick(ends, g)
-            first_blk = _pick(blk_ends, g) - (g_end - row0 + 31) // 32
+            starts, ends, blk_ends = group_table(r_ends_ptr, R_GROUPS, R_GROUPS_P2, 32)
+            g = group_of(blk_ends, R_GROUPS, jb)
+            row0 = lane_value(starts, g)
+            g_end = lane_value(ends, g)
+            first_blk = lane_value(blk_ends, g) - (g_end - row0 + 31) // 32
             r = (row0 + (jb - first_blk) * 32)[:, None] + rr[None, :]
         else:
             # no group table: r is then provably 32-aligned, so loads along r vectorise
@@ -327,38 +179,38 @@ def _mx_quant_kernel(
             # block and the provably aligned stores vectorise (16 bytes per thread instead of 1;
             # benchmarks/results/native_wgrad_store_h200.json)
             r_y = jb[:, None] * 32 + rr[None, :]
-            y_ok = tl.broadcast_to((g < G_R)[:, None], (NB, 32))
+            y_ok = tl.broadcast_to((g < R_GROUPS)[:, None], (NB, 32))
             if (pid == 0) & (pid_c == 0) & (tl.program_id(2) == 0):
-                i = tl.arange(0, GP_R)
-                tl.store(pends_ptr + i, blk_ends * 32, mask=i < G_R)  # the padded group ends
+                i = tl.arange(0, R_GROUPS_P2)
+                tl.store(padded_ends_ptr + i, blk_ends * 32, mask=i < R_GROUPS)  # the padded group ends
         else:
             r_y = r
             y_ok = r_ok
         if SCALE_MODE == 0:
             s_first, s_end = jb, jb  # unread: plain scales take strides
         else:
-            s_first, s_end = _scale_group_bounds(s_ends_ptr, G_S, GP_S, SCALE_MODE)
+            s_first, s_end = _scale_group_bounds(s_ends_ptr, S_GROUPS, S_GROUPS_P2, SCALE_MODE)
         for t in range(CITERS):
             c = (pid_c * CITERS + t) * BLOCK_C + tl.arange(0, BLOCK_C)
             c_ok = c < C
             m = r_ok[:, :, None] & c_ok[None, None, :]
-            x = _load_f32(x_ptr + b * sx_b + r[:, :, None] * sx_r + c[None, None, :] * sx_c, m)
+            x = load_f32(x_ptr + b * sx_b + r[:, :, None] * sx_r + c[None, None, :] * sx_c, m)
 
             # NaN counts as inf, so amax == inf marks every non-finite block
-            amax = _block_amax(x, 1)
-            biased = _scale_exponent(amax, RCEIL)
-            inv = _inv_scale(biased)
-            q8 = _scaled_to_e4m3(x, inv[:, None, :], HW_CVT)
+            amax = block_amax(x, 1)
+            biased = scale_exponent(amax, RCEIL)
+            inv = inv_scale(biased)
+            q8 = scaled_to_e4m3(x, inv[:, None, :], HW_CVT)
 
             y_offs = b * sy_b + r_y[:, :, None] * sy_r + c[None, None, :] * sy_c
             m_y = y_ok[:, :, None] & c_ok[None, None, :]
             if DEQUANT:
-                y = _e4m3_decode(q8, HW_CVT) * _e8m0_to_float(biased)[:, None, :]
-                _store_f32(y_ptr + y_offs, y, m_y, OUT_BF16, HW_CVT)
+                y = e4m3_decode(q8, HW_CVT) * e8m0_to_float(biased)[:, None, :]
+                store_f32(y_ptr + y_offs, y, m_y, OUT_BF16, HW_CVT)
             else:
                 tl.store(y_ptr + y_offs, q8, mask=m_y)
-                s_offs, s_ok = _scale_offsets(b, c, jb, ss_b, ss_blk, ss_c, s_first, s_end, G_S, Hp, Wp, SCALE_MODE)
-                s_ok = s_ok & c_ok[None, :] & (g < G_R)[:, None]
+                s_offs, s_ok = _scale_offsets(b, c, jb, ss_b, ss_blk, ss_c, s_first, s_end, S_GROUPS, Hp, Wp, SCALE_MODE)
+                s_ok = s_ok & c_ok[None, :] & (g < R_GROUPS)[:, None]
                 tl.store(s_ptr + s_offs, biased.to(tl.uint8), mask=s_ok)
 
 
@@ -374,8 +226,8 @@ def _dequant_kernel(
     r = j * 32 + tl.arange(0, 32)
     q = tl.load(q_ptr + b * sq_b + r[:, None] * sq_r + c[None, :] * sq_c, mask=c_ok[None, :])
     biased = tl.load(s_ptr + b * ss_b + j * ss_r + c * ss_c, mask=c_ok).to(tl.int32)
-    y = _e4m3_decode(q, HW_CVT) * _e8m0_to_float(biased)[None, :]
-    _store_f32(y_ptr + b * sy_b + r[:, None] * sy_r + c[None, :] * sy_c, y, c_ok[None, :], OUT_BF16, HW_CVT)
+    y = e4m3_decode(q, HW_CVT) * e8m0_to_float(biased)[None, :]
+    store_f32(y_ptr + b * sy_b + r[:, None] * sy_r + c[None, :] * sy_c, y, c_ok[None, :], OUT_BF16, HW_CVT)
 
 
 @triton.jit
@@ -395,17 +247,6 @@ def _to_blocked_kernel(
 
 # --------------------------------------------------------------------------------------------
 # Host wrappers (no host synchronisation)
-
-
-# triton.cdiv and triton.next_power_of_2 are constexpr functions in Triton 3.6, ~3-4 us per call
-# from host code; compiled graphs call these wrappers per operand per step
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def pow2(n: int) -> int:
-    """The next power of two >= n (1 for n <= 1)."""
-    return 1 << max(n - 1, 0).bit_length()
 
 
 class View3(NamedTuple):
@@ -434,13 +275,6 @@ def _view3(x: torch.Tensor, dim: int) -> View3:
     return View3(x, (size[bdim], size[dim], size[other]), (stride[bdim], stride[dim], stride[other]))
 
 
-def _bits(t: torch.Tensor, on_gpu: bool = False) -> torch.Tensor:
-    """bf16 tensors travel to the interpreter as int16 bits (see `_load_f32`, `_store_f32`), and to
-    GPUs where `on_gpu`; otherwise GPUs take them as they are: a dtype view per operand per call is
-    host time that small MoE layers, whose quantizers take a few microseconds each, do not have."""
-    return t.view(torch.int16) if t.dtype == torch.bfloat16 and (on_gpu or not t.is_cuda) else t
-
-
 @functools.lru_cache(maxsize=256)
 def _one_group(n: int, device: torch.device) -> torch.Tensor:
     """[n] as a device tensor, made once: building it from a host list would copy host to
@@ -448,26 +282,26 @@ def _one_group(n: int, device: torch.device) -> torch.Tensor:
     return torch.full((1,), n, dtype=torch.int32, device=device)
 
 
-def _tile(r_stride: int, groups: int, y_r_stride: int | None = None) -> tuple[int, int, int, int, int]:
+def _tile(r_stride: int, groups: int, y_r_stride: int | None = None) -> Tile:
     """The `TILES` entry of a launch: blocks along r of stride `r_stride` in x and `y_r_stride`
     in y (default: x's), in `groups` token groups (0: ungrouped)."""
     if r_stride == 1:
-        return TILES["rows"]
+        return Tile(*TILES["rows"])
     if y_r_stride == 1:
-        return TILES["transposing"]
-    return TILES["cols" if not groups else "groups" if groups > 1 else "one_group"]
+        return Tile(*TILES["transposing"])
+    return Tile(*TILES["cols" if not groups else "groups" if groups > 1 else "one_group"])
 
 
 def _launch_quant(
     x3: View3, y3: View3, rounding: str, *, dequant: bool,
     s3: View3 | None = None, scale_mode: int = PLAIN,
-    r_ends: torch.Tensor | None = None, pends: torch.Tensor | None = None,
+    r_ends: torch.Tensor | None = None, padded_ends: torch.Tensor | None = None,
     s_ends: torch.Tensor | None = None, Hp: int = 0, Wp: int = 0, scale_buf: torch.Tensor | None = None,
 ) -> Callable[..., None] | None:
     """One `_mx_quant_kernel` launch, bound once per shape, layout and mode (`launch_keyed`),
     which it returns (None for an empty x: nothing to launch).
-    `r_ends`: token group ends along r; `pends`: when given, y holds every group padded to whole
-    blocks and `pends` receives the padded ends; `s_ends`: group ends of BLOCKED_ROW
+    `r_ends`: token group ends along r; `padded_ends`: when given, y holds every group padded to whole
+    blocks and `padded_ends` receives the padded ends; `s_ends`: group ends of BLOCKED_ROW
     scales along c (default: one group; BLOCKED_COL scales take `r_ends`)."""
     B, R, C = x3.shape
     if B * R * C == 0:
@@ -477,7 +311,7 @@ def _launch_quant(
     # the grouped quantize-dequantize runs 1.2-1.47x faster on int16 bits than on bf16 pointers on
     # the H200 at 1 to 8 groups (benchmarks/results/grouped_bits_h200.json)
     bits = grouped and dequant
-    tensors = (_bits(x3.t, bits), _bits(y3.t, bits), scale_buf, r_ends, pends, s_ends)
+    tensors = (as_bits(x3.t, bits), as_bits(y3.t, bits), scale_buf, r_ends, padded_ends, s_ends)
     key = (_mx_quant_kernel, x3.shape, x3.strides, y3.strides, s3.strides if s3 is not None else None, rounding,
            dequant, scale_mode, Hp, Wp, tile)
     return launch_keyed(key, tensors, lambda: _quant_launch(tensors, x3, y3, s3, rounding, dequant, scale_mode, Hp, Wp, tile))
@@ -488,15 +322,15 @@ _TAIL_CHUNKS = 16
 
 def _quant_launch(tensors, x3, y3, s3, rounding, dequant, scale_mode, Hp, Wp, tile) -> tuple:
     """(kernel, grid, args, kwargs) of the launch `_launch_quant` describes."""
-    ref.check_rounding(rounding)
-    x, y, scale_buf, r_ends, pends, s_ends = tensors
+    check_choice("rounding", rounding)
+    x, y, scale_buf, r_ends, padded_ends, s_ends = tensors
     B, R, C = x3.shape
     grouped = r_ends is not None
     if not grouped and R % ref.BLOCK:
         raise ValueError(f"block dim of size {R} is not a multiple of {ref.BLOCK}")
-    G_R = r_ends.numel() if grouped else 1
+    R_GROUPS = r_ends.numel() if grouped else 1
     NB, BLOCK_C, citers, warps, band = tile
-    n_main = cdiv(ref.group_scale_rows(R, G_R) if grouped else R // 32, NB)
+    n_main = cdiv(ref.group_scale_rows(R, R_GROUPS) if grouped else R // 32, NB)
     # extra programs zero the rows past the last group end, which the host does not read: enough
     # for all of y's rows at up to _TAIL_CHUNKS chunks of NB*32 rows each, each looping only over
     # the rows there are. One per chunk made a [16384, 16384] one-group quantize-dequantize take
@@ -507,18 +341,18 @@ def _quant_launch(tensors, x3, y3, s3, rounding, dequant, scale_mode, Hp, Wp, ti
     n_tail = cdiv(R_y, 32 * NB * _TAIL_CHUNKS) if grouped else 0
     if s_ends is None and scale_mode != PLAIN:  # BLOCKED_COL scales are grouped as the blocks are
         s_ends = r_ends if scale_mode == BLOCKED_COL else _one_group(C, x.device)
-    G_S = s_ends.numel() if s_ends is not None else 1
+    S_GROUPS = s_ends.numel() if s_ends is not None else 1
     n_r, n_c = n_main + n_tail, cdiv(C, BLOCK_C * citers)
     grid = (n_r, n_c, B) if band == 0 else (n_r * n_c, 1, B)
     # pointers the kernel never reads in this mode get y, not device tensors made for the call
     args = (
         x, *x3.strides, y, *y3.strides, y if scale_buf is None else scale_buf,
         *(s3.strides if s3 is not None else (0, 0, 0)), R, C, n_main, n_r, R_y,
-        r_ends if grouped else y, G_R, pow2(G_R), y if pends is None else pends,
-        y if s_ends is None else s_ends, G_S, pow2(G_S), Hp, Wp,
+        r_ends if grouped else y, R_GROUPS, pow2(R_GROUPS), y if padded_ends is None else padded_ends,
+        y if s_ends is None else s_ends, S_GROUPS, pow2(S_GROUPS), Hp, Wp,
     )
     consts = dict(
-        RCEIL=rounding == "rceil", DEQUANT=dequant, SCALE_MODE=scale_mode, PAD_Y=pends is not None, GROUPED=grouped,
+        RCEIL=rounding == "rceil", DEQUANT=dequant, SCALE_MODE=scale_mode, PAD_Y=padded_ends is not None, GROUPED=grouped,
         OUT_BF16=y3.t.dtype == torch.bfloat16, HW_CVT=x.is_cuda, NB=NB, BLOCK_C=BLOCK_C, CITERS=citers,
         BAND=band, num_warps=warps,
     )
@@ -553,17 +387,17 @@ def _planned(key: tuple, x: torch.Tensor, offs: torch.Tensor | None) -> torch.Te
     plan = _plans.get(key)
     if plan is None:
         return None
-    strides, dtype, bits, again = plan
+    strides, dtype, bits, relaunch = plan
     y = torch.empty_strided(x.shape, strides, dtype=dtype, device=x.device)
-    again(_bits(x, bits), _bits(y, bits), None, offs, None, None)  # `_launch_quant`'s tensor order
+    relaunch(as_bits(x, bits), as_bits(y, bits), None, offs, None, None)  # `_launch_quant`'s tensor order
     return y
 
 
-def _plan(key: tuple, y: torch.Tensor, bits: bool, again: Callable[..., None] | None) -> torch.Tensor:
-    if again is not None:
+def _plan(key: tuple, y: torch.Tensor, bits: bool, relaunch: Callable[..., None] | None) -> torch.Tensor:
+    if relaunch is not None:
         if len(_plans) >= _MAX_ENTRIES:
             _plans.clear()
-        _plans[key] = (y.stride(), y.dtype, bits, again)
+        _plans[key] = (y.stride(), y.dtype, bits, relaunch)
     return y
 
 
@@ -597,7 +431,7 @@ def dequantize(
     B, R, C = q3.shape
     launch(
         _dequant_kernel, (R // 32, cdiv(C, _BLOCK_C), B),
-        q3.t, *q3.strides, s3.t, *s3.strides, _bits(y3.t), *y3.strides, C,
+        q3.t, *q3.strides, s3.t, *s3.strides, as_bits(y3.t), *y3.strides, C,
         OUT_BF16=dtype == torch.bfloat16, HW_CVT=data.is_cuda, BLOCK_C=_BLOCK_C,
     )
     return y
@@ -694,7 +528,7 @@ def quantize_groups_blocked(
     # the kernel writes the padded group ends; an empty x launches no kernel
     padded_offs = torch.empty(G, dtype=torch.int32, device=x_MK.device) if M * K else ref.padded_group_offs(offs)
     _launch_quant(_view3(x_MK, 0), _view3(data, 1), rounding, dequant=False,
-                  scale_mode=BLOCKED_COL, r_ends=offs, pends=padded_offs, Hp=Hp, scale_buf=buf)
+                  scale_mode=BLOCKED_COL, r_ends=offs, padded_ends=padded_offs, Hp=Hp, scale_buf=buf)
     return data.view(torch.float8_e4m3fn), buf.view(torch.float8_e8m0fnu), padded_offs
 
 

@@ -8,11 +8,12 @@ import torch
 import triton
 import triton.language as tl
 
+from ..options import check_choice
 from . import reference as ref
 from . import rowwise
 from .launch import launch_keyed
-from .triton_mx import (
-    _bits, _e8m0_to_float, _find, _groups, _inv_scale, _load_f32, _pick, _scale_exponent, _scaled_to_e4m3, _widen,
+from .triton_common import (
+    as_bits, e8m0_to_float, group_of, group_table, inv_scale, load_f32, lane_value, scale_exponent, scaled_to_e4m3, widen,
     cdiv, pow2,
 )
 
@@ -47,7 +48,7 @@ def _group_amax_kernel(
         for t in range(CHUNK // BM):
             r = c + t * BM + tl.arange(0, BM)
             m = ((r >= r0) & (r < r1))[:, None] & (k < K)[None, :]
-            x = _load_f32(x_ptr + r.to(tl.int64)[:, None] * sx_m + k[None, :], m)
+            x = load_f32(x_ptr + r.to(tl.int64)[:, None] * sx_m + k[None, :], m)
             acc = tl.maximum(acc, x.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
         tl.atomic_max(out_ptr + g * K + k, tl.minimum(tl.max(acc, axis=0), 0x7F800000), mask=k < K)
         r0 = r1
@@ -61,7 +62,7 @@ def group_amax(x_MK: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
         x_MK = x_MK.contiguous()
     out = torch.zeros(G, K, device=x_MK.device, dtype=torch.int32)
     chunk, bm, bk, warps = tile = tuple(AMAX_TILE)
-    tensors = (_bits(x_MK), offs, out)
+    tensors = (as_bits(x_MK), offs, out)
     key = (_group_amax_kernel, M, K, x_MK.stride(0), G, tile)
     launch_keyed(key, tensors, lambda: (
         _group_amax_kernel, (cdiv(M, chunk), cdiv(K, bk)), (tensors[0], x_MK.stride(0), offs, out, K),
@@ -75,16 +76,16 @@ def _padded_token_source(offs_ptr, j, G: tl.constexpr, GP: tl.constexpr, ALIGN: 
     """For padded token columns j of a weight-gradient operand (each group's tokens padded to a
     multiple of ALIGN): the group of each (G past the last), its source row in x, whether that
     row holds a token (not padding), and every group's padded end in units of ALIGN."""
-    starts, ends, chunk_ends = _groups(offs_ptr, G, GP, ALIGN)
-    g = _find(chunk_ends, G, j // ALIGN)
-    start, end = _pick(starts, g), _pick(ends, g)
-    src = start + j - (_pick(chunk_ends, g) - (end - start + ALIGN - 1) // ALIGN) * ALIGN
+    starts, ends, chunk_ends = group_table(offs_ptr, G, GP, ALIGN)
+    g = group_of(chunk_ends, G, j // ALIGN)
+    start, end = lane_value(starts, g), lane_value(ends, g)
+    src = start + j - (lane_value(chunk_ends, g) - (end - start + ALIGN - 1) // ALIGN) * ALIGN
     return g, src, (g < G) & (src < end), chunk_ends
 
 
 @triton.jit
 def _cast_groups_t_kernel(
-    x_ptr, sx_m, offs_ptr, amax_ptr, y_ptr, scales_ptr, pends_ptr, K, Mp,
+    x_ptr, sx_m, offs_ptr, amax_ptr, y_ptr, scales_ptr, padded_ends_ptr, K, Mp,
     G: tl.constexpr, GP: tl.constexpr, ALIGN: tl.constexpr, RCEIL: tl.constexpr,
     HW_CVT: tl.constexpr, BK: tl.constexpr, KITERS: tl.constexpr,
 ):
@@ -108,19 +109,19 @@ def _cast_groups_t_kernel(
         k = (tl.program_id(1) * KITERS + t) * BK + tl.arange(0, BK)
         k_ok = k < K
         bits = tl.load(x_row[:, None] + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0)
-        x_KJ = _widen(tl.trans(bits))  # padding loads 0 and casts to byte 0
-        inv_lo = _inv_scale(_scale_exponent(tl.load(amax_ptr + g_lo * K + k, mask=k_ok, other=0.0), RCEIL))
-        inv_hi = _inv_scale(_scale_exponent(tl.load(amax_ptr + g_hi * K + k, mask=k_ok, other=0.0), RCEIL))
-        q8 = _scaled_to_e4m3(x_KJ, tl.where(lo, inv_lo[:, None], inv_hi[:, None]), HW_CVT)
+        x_KJ = widen(tl.trans(bits))  # padding loads 0 and casts to byte 0
+        inv_lo = inv_scale(scale_exponent(tl.load(amax_ptr + g_lo * K + k, mask=k_ok, other=0.0), RCEIL))
+        inv_hi = inv_scale(scale_exponent(tl.load(amax_ptr + g_hi * K + k, mask=k_ok, other=0.0), RCEIL))
+        q8 = scaled_to_e4m3(x_KJ, tl.where(lo, inv_lo[:, None], inv_hi[:, None]), HW_CVT)
         tl.store(y_ptr + k.to(tl.int64)[:, None] * Mp + j[None, :], q8, mask=k_ok[:, None] & (j < Mp)[None, :])
         if tl.program_id(0) == 0:
             i = tl.arange(0, GP)
             ms = (i < G)[:, None] & k_ok[None, :]
             amax_g = tl.load(amax_ptr + i[:, None] * K + k[None, :], mask=ms, other=0.0)
-            tl.store(scales_ptr + i[:, None] * K + k[None, :], _e8m0_to_float(_scale_exponent(amax_g, RCEIL)), mask=ms)
+            tl.store(scales_ptr + i[:, None] * K + k[None, :], e8m0_to_float(scale_exponent(amax_g, RCEIL)), mask=ms)
     if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
         i = tl.arange(0, GP)
-        tl.store(pends_ptr + i, chunk_ends * ALIGN, mask=i < G)
+        tl.store(padded_ends_ptr + i, chunk_ends * ALIGN, mask=i < G)
 
 
 def quantize_groups(
@@ -129,7 +130,7 @@ def quantize_groups(
     """Triton twin of `rowwise.quantize_groups`: two reads of x, one write of the fp8 data, two
     kernels and no other device work (host time per call matters at small MoE shapes)."""
     ref.check_float(x_MK)
-    ref.check_rounding(rounding)
+    check_choice("rounding", rounding)
     M, K = x_MK.shape
     G = offs.numel()
     if x_MK.stride(1) != 1:
@@ -138,14 +139,14 @@ def quantize_groups(
     Mp = rowwise.padded_rows(M, G)
     data_KMp = torch.empty(K, Mp, dtype=torch.uint8, device=x_MK.device)
     scales_GK = torch.empty(G, K, dtype=torch.float32, device=x_MK.device)
-    pends = torch.empty(G, dtype=torch.int32, device=x_MK.device)
+    padded_ends = torch.empty(G, dtype=torch.int32, device=x_MK.device)
     bk, kiters, warps = tile = tuple(CAST_TILE)
-    tensors = (_bits(x_MK, True), offs, amax_GK, data_KMp, scales_GK, pends)
+    tensors = (as_bits(x_MK, True), offs, amax_GK, data_KMp, scales_GK, padded_ends)
     key = (_cast_groups_t_kernel, M, K, x_MK.stride(0), G, rounding, tile)
     launch_keyed(key, tensors, lambda: (
         _cast_groups_t_kernel, (cdiv(Mp, 2 * rowwise.ALIGN), cdiv(K, bk * kiters)),
-        (tensors[0], x_MK.stride(0), offs, amax_GK, data_KMp, scales_GK, pends, K, Mp),
+        (tensors[0], x_MK.stride(0), offs, amax_GK, data_KMp, scales_GK, padded_ends, K, Mp),
         dict(G=G, GP=pow2(G), ALIGN=rowwise.ALIGN, RCEIL=rounding == "rceil",
              HW_CVT=x_MK.is_cuda, BK=bk, KITERS=kiters, num_warps=warps),
     ))
-    return data_KMp.view(torch.float8_e4m3fn), scales_GK, pends
+    return data_KMp.view(torch.float8_e4m3fn), scales_GK, padded_ends

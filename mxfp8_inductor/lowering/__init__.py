@@ -1,5 +1,6 @@
-"""torch.library custom ops (schemas, fake impls, autograd) and their device dispatch."""
+"""The custom ops the pass rewrites to (schemas, fakes, autograd), one module per recipe, and how
+they decompose for Inductor."""
 
-from .ops import grouped_mm, gemm_path
+from .ops import grouped_mm, register_decompositions
 
-__all__ = ["grouped_mm", "gemm_path"]
+__all__ = ["grouped_mm", "register_decompositions"]

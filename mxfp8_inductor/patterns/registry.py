@@ -11,7 +11,7 @@ import weakref
 
 import torch
 
-from ..config import MXFP8Config
+from ..options import MXFP8Config
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,7 +13,7 @@ import logging
 import torch
 import torch.fx
 
-from ..config import MXFP8Config
+from ..options import MXFP8Config
 from ..lowering import ops  # noqa: F401  (registers torch.ops.mxfp8)
 from . import registry
 from .sites import Site, _val, find_sites
@@ -86,8 +86,9 @@ def rewrite(gm: torch.fx.GraphModule, config: MXFP8Config | None) -> list[SiteRe
             if marked is None:
                 continue
             cfg = marked.config
-        if site.problem:
-            action, reason = "skipped", site.problem
+        problem = site.problem(cfg.recipe)
+        if problem:
+            action, reason = "skipped", problem
         else:
             ok, reason = cfg.decide(site.module_fqn, site.weight_fqn)
             action = "rewritten" if ok else "excluded"

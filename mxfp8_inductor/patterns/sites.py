@@ -1,6 +1,6 @@
 """Find routed-expert grouped matmuls in a Dynamo FX graph and say whether each can be rewritten.
 
-Call forms (DESIGN §6): `torch._grouped_mm` (what `F.grouped_mm` becomes), `aten._grouped_mm`
+Call forms (docs/design.md, "The pass"): `torch._grouped_mm` (what `F.grouped_mm` becomes), `aten._grouped_mm`
 (packet or overload) and Hugging Face's `transformers::grouped_mm_fallback` (used when expert
 weights are not bf16). The weight is followed back through transposes, casts and views to the
 parameter it comes from, which gives its FQN.
@@ -15,9 +15,9 @@ from typing import Any
 import torch
 import torch.fx
 
+from ..eligibility import site_problem
 from . import registry
 
-BLOCK = 32
 _OP_NAMES = ("aten::_grouped_mm", "transformers::grouped_mm_fallback")
 _PY_TARGETS = tuple(
     f for f in (torch._grouped_mm, getattr(torch.nn.functional, "grouped_mm", None)) if f is not None
@@ -51,7 +51,11 @@ class Site:
     module_fqn: str | None
     weight_fqn: str | None
     param: torch.nn.Parameter | None
-    problem: str | None  # why it cannot be rewritten, None if it can
+    args: dict[str, Any]  # the call's operands by role (grouped_mm_args)
+
+    def problem(self, recipe: str) -> str | None:
+        """Why the recipe's op cannot run this call, None if it can."""
+        return problem(self.args, recipe)
 
 
 def is_grouped_mm(node: torch.fx.Node) -> bool:
@@ -70,18 +74,25 @@ def _op_name(target: Any) -> str | None:
     return None
 
 
-def _normalize(node: torch.fx.Node) -> dict[str, Any]:
-    args = dict(zip(("a", "b", "offs", "bias", "out_dtype"), node.args))
+def grouped_mm_args(args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The operands of any grouped-matmul call form, by role: a, b, offs, bias, out_dtype."""
+    out = dict(zip(("a", "b", "offs", "bias", "out_dtype"), args))
     for key, names in _ARG_NAMES.items():
         for name in names:
-            if name in node.kwargs:
-                args[key] = node.kwargs[name]
-    return args
+            if name in kwargs:
+                out[key] = kwargs[name]
+    return out
+
+
+def problem(args: dict[str, Any], recipe: str) -> str | None:
+    """Why the call with these operands (graph nodes or tensors) cannot be rewritten, or None."""
+    return site_problem(*(_val(args.get(k)) for k in ("a", "b", "offs")), args.get("bias"), args.get("out_dtype"),
+                        recipe)
 
 
 def _val(x: Any) -> Any:
     if isinstance(x, torch.fx.Node):
-        return x.meta.get("example_value", x.meta.get("val"))
+        return x.meta.get("example_value", x.meta.get("val", x))  # the node itself when untraced
     return x
 
 
@@ -154,31 +165,6 @@ def _fqns(
     return module_fqn, weight_fqn, param
 
 
-def _problem(args: dict[str, Any]) -> str | None:
-    a, b, offs = _val(args.get("a")), _val(args.get("b")), _val(args.get("offs"))
-    if args.get("offs") is None:
-        return "no offs: a dense or 3-D x 3-D batched matmul, not routed experts"
-    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
-        return "operand shapes unknown (no example value in the graph)"
-    if a.dim() != 2 or b.dim() != 3:
-        return f"not tokens[M,K] x weights[E,K,N] (got {a.dim()}-D x {b.dim()}-D)"
-    if args.get("bias") is not None:
-        return "has a bias operand"
-    out_dtype = args.get("out_dtype")
-    if out_dtype is not None and out_dtype != a.dtype:
-        return f"out_dtype {out_dtype} differs from the input dtype {a.dtype}"
-    if a.dtype not in (torch.bfloat16, torch.float32) or b.dtype != a.dtype:
-        return f"unsupported dtypes {a.dtype} x {b.dtype} (bf16 or fp32, both the same)"
-    K, N = b.shape[-2:]
-    if isinstance(K, torch.SymInt) or isinstance(N, torch.SymInt):
-        return "symbolic K or N"
-    if K % BLOCK or N % BLOCK:
-        return f"K={K} or N={N} is not a multiple of {BLOCK}"
-    if isinstance(offs, torch.Tensor) and (offs.dtype != torch.int32 or offs.dim() != 1):
-        return f"offs is {offs.dtype} {offs.dim()}-D, not a 1-D int32 tensor"
-    return None
-
-
 def _flat_nodes(args: Any) -> list[Any]:
     out = []
     for a in args:
@@ -202,8 +188,8 @@ def find_sites(gm: torch.fx.GraphModule, outer: dict[torch.fx.Node, Any] | None 
                     sites += find_sites(sub, {**outer, **dict(zip(placeholders, operands))})
         if not is_grouped_mm(node):
             continue
-        args = _normalize(node)
+        args = grouped_mm_args(node.args, node.kwargs)
         module_fqn, weight_fqn, param = _fqns(node, args.get("b"), outer)
         sites.append(Site(gm, node, args.get("a"), args.get("b"), args.get("offs"), module_fqn, weight_fqn,
-                          param, _problem(args)))
+                          param, args))
     return sites

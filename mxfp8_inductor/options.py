@@ -1,4 +1,5 @@
-"""Options of the pass, validated once, hashed into every compile cache key."""
+"""Options of the pass: the only place their allowed values are defined. A leaf module: it
+imports nothing from the package, so reading options registers no ops."""
 
 from __future__ import annotations
 
@@ -7,14 +8,21 @@ import fnmatch
 import json
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Literal, get_args
 
-from .kernels import reference
-from .lowering import ops
+Recipe = Literal["mxfp8", "fp8_rowwise"]
+Rounding = Literal["rceil", "floor"]
+Wgrad = Literal["quantized", "bf16"]
+RECIPES: tuple[str, ...] = get_args(Recipe)
+ROUNDINGS: tuple[str, ...] = get_args(Rounding)
+WGRADS: tuple[str, ...] = get_args(Wgrad)
 
-RECIPES = ops.RECIPES
-ROUNDINGS = reference.ROUNDINGS
-WGRADS = ops.WGRAD_MODES
+
+def check_choice(name: str, value: Any) -> None:
+    """Raise ValueError unless `value` is an allowed recipe, rounding or wgrad."""
+    allowed = {"recipe": RECIPES, "rounding": ROUNDINGS, "wgrad": WGRADS}[name]
+    if value not in allowed:
+        raise ValueError(f"unknown {name} {value!r}: expected one of {allowed}")
 
 # FQN globs: dotted names with *, ? and [...] classes
 _PATTERN_OK = re.compile(r"^[A-Za-z0-9_.*?\[\]!\-]+$")
@@ -54,17 +62,15 @@ class MXFP8Config:
 
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
-    recipe: str = "mxfp8"
-    rounding: str = "rceil"
-    wgrad: str = "quantized"
+    recipe: Recipe = "mxfp8"
+    rounding: Rounding = "rceil"
+    wgrad: Wgrad = "quantized"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "include", _patterns(self.include, "include"))
         object.__setattr__(self, "exclude", _patterns(self.exclude, "exclude"))
-        for field, allowed in (("recipe", RECIPES), ("rounding", ROUNDINGS), ("wgrad", WGRADS)):
-            value = getattr(self, field)
-            if value not in allowed:
-                raise ValueError(f"unknown {field} {value!r}: expected one of {allowed}")
+        for field in ("recipe", "rounding", "wgrad"):
+            check_choice(field, getattr(self, field))
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any] | None) -> MXFP8Config:

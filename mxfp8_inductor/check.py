@@ -1,0 +1,316 @@
+"""Does the pass add error of its own on a model? Model-level equivalence with the op.
+
+    python -m mxfp8_inductor.check gpt_oss                    # a transformers model type, tiny
+    python -m mxfp8_inductor.check Qwen/Qwen3-30B-A3B         # a Hub id or folder with config.json
+    python -m mxfp8_inductor.check my_pkg.models:build        # build() -> (model, inputs)
+
+One forward and backward (loss: mean of the output squared) from the same weights, four ways:
+  pass       torch.compile with the pass (backend="mxfp8" and the options)
+  op         eager, with every grouped matmul the pass would rewrite replaced by
+             `mxfp8_inductor.grouped_mm` at the same call site
+  bf16 compiled, bf16 eager
+For the output and every parameter gradient the bar is
+  SQNR(bf16 compiled, pass) >= SQNR(bf16 eager, op) - 2 dB:
+the pass adds no error beyond MXFP8's own. Why the compiled runs emulate eager's bf16 rounding:
+docs/design.md, "Model-level equivalence".
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import dataclasses
+import importlib
+import math
+import pathlib
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import torch.utils._pytree as pytree
+from torch.overrides import TorchFunctionMode
+
+from .backend import mxfp8_backend
+from .eligibility import MULTIPLE_OF
+from .options import MXFP8Config
+from .lowering import grouped_mm
+from .patterns.rewrite import rewrite
+from .patterns.sites import grouped_mm_args, problem
+
+BAR_DB = 2.0
+BLOCK = MULTIPLE_OF["mxfp8"]
+_GROUPED_MM = tuple(f for f in (torch._grouped_mm, getattr(F, "grouped_mm", None)) if f is not None)
+
+
+def sqnr(ref: torch.Tensor, x: torch.Tensor) -> float:
+    """Signal-to-quantization-noise ratio of x against ref in dB (inf when equal)."""
+    ref, x = ref.double(), x.double()
+    noise = (ref - x).norm()
+    if noise == 0:
+        return math.inf
+    return (20 * torch.log10(ref.norm() / noise)).item()
+
+
+class OpAtSites(TorchFunctionMode):
+    """Eager grouped matmuls that the pass would rewrite go to `mxfp8_inductor.grouped_mm`.
+
+    Same eligibility rule and include/exclude decision as the pass; a weight's FQN is the name of
+    the parameter whose storage it views. `calls` counts the replaced calls.
+    """
+
+    def __init__(self, config: MXFP8Config, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.config = config
+        self.fqns = {p.untyped_storage().data_ptr(): name for name, p in model.named_parameters()}
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _GROUPED_MM:
+            ops = grouped_mm_args(args, kwargs)
+            if problem(ops, self.config.recipe) is None and self._decide(ops["b"]):
+                self.calls += 1
+                c = self.config
+                return grouped_mm(ops["a"], ops["b"], ops["offs"], recipe=c.recipe, rounding=c.rounding, wgrad=c.wgrad)
+        return func(*args, **kwargs)
+
+    def _decide(self, b: torch.Tensor) -> bool:
+        weight_fqn = self.fqns.get(b.untyped_storage().data_ptr())
+        module_fqn = weight_fqn.rsplit(".", 1)[0] if weight_fqn and "." in weight_fqn else None
+        return self.config.decide(module_fqn, weight_fqn)[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One compared tensor: the model output or a parameter's gradient."""
+
+    name: str
+    pass_db: float  # SQNR(bf16 compiled, pass)
+    op_db: float  # SQNR(bf16 eager, op)
+
+    @property
+    def ok(self) -> bool:
+        return self.pass_db >= self.op_db - BAR_DB
+
+
+@dataclasses.dataclass
+class Comparison:
+    """The equivalence table of one model and recipe."""
+
+    recipe: str
+    rows: list[Row]
+    sites_rewritten: int  # GEMM call sites the pass rewrote in the compiled graphs
+    op_calls: int  # grouped matmuls the eager run sent to the op
+
+    @property
+    def passed(self) -> bool:
+        return self.sites_rewritten > 0 and all(r.ok for r in self.rows)
+
+    def __str__(self) -> str:
+        head = (f"recipe {self.recipe}: {self.sites_rewritten} site(s) rewritten by the pass, "
+                f"{self.op_calls} eager call(s) sent to the op")
+        lines = [head, f"{'tensor':<60} {'pass dB':>8} {'op dB':>8} {'margin':>7}"]
+        for r in self.rows:
+            lines.append(f"{r.name:<60} {r.pass_db:8.1f} {r.op_db:8.1f} {r.pass_db - r.op_db:+7.1f}"
+                         + ("" if r.ok else "  FAIL"))
+        verdict = "PASS" if self.passed else "FAIL"
+        why = "" if self.sites_rewritten else " (nothing was rewritten)"
+        lines.append(f"{verdict}{why}: bar SQNR(pass) >= SQNR(op) - {BAR_DB:g} dB on every row")
+        return "\n".join(lines)
+
+
+def _output(out: Any) -> torch.Tensor:
+    """The tensor to compare of a model's output: `.logits`, else the first floating tensor."""
+    if hasattr(out, "logits") and isinstance(out.logits, torch.Tensor):
+        return out.logits
+    for leaf in pytree.tree_leaves(out):
+        if isinstance(leaf, torch.Tensor) and leaf.is_floating_point():
+            return leaf
+    raise ValueError(f"the model returned no floating-point tensor to compare: {type(out).__name__}")
+
+
+def _step(
+    model: torch.nn.Module, fn: Callable, inputs: Sequence[Any], forward_mode: Any = contextlib.nullcontext()
+) -> dict[str, torch.Tensor]:
+    with forward_mode:  # the backward runs outside: the op's own backward calls torch._grouped_mm
+        out = _output(fn(*inputs))
+    out.float().pow(2).mean().backward()
+    grads = {f"grad {n}": p.grad.float() for n, p in model.named_parameters() if p.grad is not None}
+    return {"output": out.detach().float(), **grads}
+
+
+def compare(
+    model: torch.nn.Module,
+    inputs: Sequence[Any],
+    recipes: Sequence[str] = ("mxfp8", "fp8_rowwise"),
+    compiler: str = "inductor",
+    **options: Any,
+) -> list[Comparison]:
+    """The four runs on deep copies of `model` (left untouched), one table per recipe. The copies
+    run in eval mode: dropout and router noise would draw different random numbers compiled and
+    eager; gradients flow as in training.
+
+    `options` as for backend="mxfp8" (include, exclude, rounding, wgrad); the bf16 runs are shared.
+    `compiler="aot_eager_decomp_partition"` checks the graph-level pass (rewrite, AOTAutograd,
+    the ops' Inductor decompositions, the partitioner) without Inductor's code generation: seconds
+    instead of a minute per model on a CPU.
+    """
+    model = copy.deepcopy(model).eval()
+    eager_model = copy.deepcopy(model)
+    bf16_eager = _step(eager_model, eager_model, inputs)
+    bf16_compiled = _compiled(model, inputs, compiler)
+    out = []
+    for recipe in recipes:
+        config = MXFP8Config.from_options({**options, "recipe": recipe})
+        rows: list = []
+
+        def with_pass(gm: torch.fx.GraphModule, example_inputs: list[Any], config=config, rows=rows):
+            rows.extend(rewrite(gm, config))  # the backend's own rewrite then finds these sites decided
+            if compiler == "inductor":
+                return mxfp8_backend(gm, example_inputs, options={**options, "recipe": recipe})
+            return torch._dynamo.lookup_backend(compiler)(gm, example_inputs)
+
+        op_model = copy.deepcopy(model)
+        mode = OpAtSites(config, op_model)
+        op = _step(op_model, op_model, inputs, mode)
+        passed = _compiled(model, inputs, with_pass)
+        table = _table(bf16_compiled, passed, bf16_eager, op)
+        rewritten = sum(r.role == "forward" and r.action == "rewritten" for r in rows)
+        out.append(Comparison(recipe, table, rewritten, mode.calls))
+    return out
+
+
+def _table(bf16_compiled, passed, bf16_eager, op) -> list[Row]:
+    """One row per tensor; tensors under one 32-block (attention sinks, router biases of tiny
+    models) are pooled into one row: the SQNR of a handful of values measures single rounding
+    events, not an error level."""
+    small = [n for n, t in bf16_eager.items() if t.numel() < BLOCK]
+    rows = [Row(n, sqnr(bf16_compiled[n], passed[n]), sqnr(bf16_eager[n], op[n])) for n in bf16_eager if n not in small]
+    if small:
+        def cat(run):
+            return torch.cat([run[n].flatten() for n in small])
+
+        rows.append(Row(f"{len(small)} tensor(s) under {BLOCK} elements, pooled", sqnr(cat(bf16_compiled), cat(passed)),
+                        sqnr(cat(bf16_eager), cat(op))))
+    return rows
+
+
+def _compiled(model: torch.nn.Module, inputs: Sequence[Any], backend: Any) -> dict[str, torch.Tensor]:
+    """One compiled step of a copy of `model`. Inductor rounds to bf16 where eager does, so that
+    SQNR(bf16 compiled, pass) measures the pass and not Inductor's fp32 intermediates."""
+    m = copy.deepcopy(model)
+    torch._dynamo.reset()
+    try:
+        with torch._inductor.config.patch(emulate_precision_casts=True):
+            return _step(m, torch.compile(m, backend=backend), inputs)
+    finally:
+        torch._dynamo.reset()
+
+
+# ------------------------------------------------------------------------------------------
+# transformers models
+
+TINY = {
+    "vocab_size": 128, "hidden_size": 64, "intermediate_size": 64, "moe_intermediate_size": 64,
+    "shared_expert_intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 4, "head_dim": 16, "max_position_embeddings": 64, "num_experts": 8,
+    "num_local_experts": 8, "n_routed_experts": 8, "num_experts_per_tok": 2, "first_k_dense_replace": 0,
+    "n_group": 1, "topk_group": 1, "q_lora_rank": 32, "kv_lora_rank": 32, "qk_rope_head_dim": 16,
+    "qk_nope_head_dim": 16, "v_head_dim": 16, "decoder_sparse_step": 1, "sliding_window": 16,
+}
+
+
+def transformers_families() -> list[str]:
+    """One model type per transformers family whose experts take the `grouped_mm` implementation
+    (its modeling module decorates them with `use_experts_implementation`): the family's causal
+    LM if it has one, else its base model."""
+    import transformers
+    from transformers.models.auto import modeling_auto
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES, model_type_to_module_name
+
+    root = pathlib.Path(transformers.__file__).parent / "models"
+    folders = {p.parent.name for p in root.glob("*/modeling_*.py") if "@use_experts_implementation" in p.read_text()}
+    by_folder: dict[str, str] = {}
+    towers = ("vision", "audio", "encoder")
+    for heads in (modeling_auto.MODEL_MAPPING_NAMES, modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
+        for t in CONFIG_MAPPING_NAMES:
+            if t in heads and model_type_to_module_name(t) in folders and not any(w in t for w in towers):
+                by_folder[model_type_to_module_name(t)] = t
+    return sorted(by_folder.values())
+
+
+def tiny_config(config: Any, overrides: dict[str, Any] = TINY) -> Any:
+    """`config` rebuilt by its own class with its size knobs set to `overrides` (where it has the
+    knob, as an int), its per-layer lists cut to the new depth and token ids kept in the vocabulary."""
+    values = config.to_dict()
+    for derived in ("model_type", "transformers_version", "architectures"):
+        values.pop(derived, None)
+    depth, layers = values.get("num_hidden_layers"), overrides["num_hidden_layers"]
+    for key, value in list(values.items()):
+        if key in overrides and (value is None or isinstance(value, int) and not isinstance(value, bool)):
+            values[key] = overrides[key]
+        elif isinstance(value, list) and depth and len(value) == depth:
+            values[key] = value[:layers]
+        elif isinstance(value, dict) and depth and value and all(str(k).isdigit() for k in value):
+            values[key] = {k: v for k, v in value.items() if int(k) < layers}
+    for key, value in values.items():
+        if key.endswith("_token_id") and isinstance(value, int) and value >= overrides["vocab_size"]:
+            values[key] = 0
+    if "use_cache" in values:  # a training step: no generation cache (hybrid models need attention layers for one)
+        values["use_cache"] = False
+    return type(config)(**values)
+
+
+def transformers_model(name: str, tiny: bool = True) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    """A causal LM (or base model) of a model type, Hub id or config folder, random init, with
+    2 x 16 token ids as input."""
+    import transformers
+
+    if name in transformers.CONFIG_MAPPING:
+        config = transformers.CONFIG_MAPPING[name]()
+    else:
+        config = transformers.AutoConfig.from_pretrained(name)
+    config = config.get_text_config()
+    if tiny:
+        config = tiny_config(config)
+    try:
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    except ValueError:  # no causal-LM head registered for this type
+        model = transformers.AutoModel.from_config(config)
+    ids = torch.randint(0, config.vocab_size, (2, 16))
+    return model, (ids,)
+
+
+def _load(spec: str, tiny: bool) -> tuple[torch.nn.Module, tuple[Any, ...]]:
+    if ":" in spec and not pathlib.Path(spec).exists():
+        module, fn = spec.split(":", 1)
+        model, inputs = getattr(importlib.import_module(module), fn)()
+        return model, tuple(inputs)
+    return transformers_model(spec, tiny)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mxfp8_inductor.check", description=__doc__.split("\n\n")[0])
+    p.add_argument("model", help="transformers model type, Hub id or config folder; or module:fn returning (model, inputs)")
+    p.add_argument("--recipe", default="mxfp8,fp8_rowwise", help="comma-separated recipes (default: both)")
+    p.add_argument("--exclude", action="append", default=[], help="FQN glob to keep in bf16 (repeatable)")
+    p.add_argument("--include", action="append", default=[], help="FQN glob to rewrite (repeatable)")
+    p.add_argument("--full-size", action="store_true", help="keep a transformers config's own sizes")
+    p.add_argument("--device", default="cpu", help="device to run on (cuda runs the GPU kernels)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    torch.manual_seed(args.seed)
+    model, inputs = _load(args.model, tiny=not args.full_size)
+    model = model.to(args.device, torch.bfloat16)
+    inputs = pytree.tree_map(lambda t: t.to(args.device) if isinstance(t, torch.Tensor) else t, inputs)
+    results = compare(model, inputs, args.recipe.split(","), exclude=args.exclude, include=args.include)
+    for result in results:
+        print(result, end="\n\n")
+    return int(not all(r.passed for r in results))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""Which grouped matmuls the ops can run: one rule set for the compiler pass (a site it cannot
+rewrite is reported and left alone), the equivalence check, and `grouped_mm`'s argument errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .options import check_choice
+
+# K and N must be multiples of this: MXFP8 blocks of 32 along both contractions; FP8 rows of
+# 16-byte aligned strides for torch's FP8 grouped GEMM
+MULTIPLE_OF = {"mxfp8": 32, "fp8_rowwise": 16}
+_WHY = {"mxfp8": "MXFP8 blocks", "fp8_rowwise": "16-byte aligned FP8 rows"}
+
+
+def _operand_problem(a: Any, b: Any, recipe: str) -> str | None:
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return "operand shapes unknown (no example value in the graph)"
+    for name, t in (("a", a), ("b", b)):
+        if t.dtype not in (torch.bfloat16, torch.float32):
+            return f"{name} must be bf16 or fp32, got {t.dtype}"
+    if a.dtype != b.dtype:
+        return f"a and b must share a dtype, got {a.dtype} and {b.dtype}"
+    if a.dim() != 2 or b.dim() != 3:
+        return f"need tokens a[M, K] and weights b[E, K, N], got {a.dim()}-D x {b.dim()}-D"
+    K, N = b.shape[-2:]
+    if isinstance(K, torch.SymInt) or isinstance(N, torch.SymInt):
+        return "symbolic K or N"
+    multiple = MULTIPLE_OF[recipe]
+    if K % multiple or N % multiple:
+        return f"K={K} and N={N} must be multiples of {multiple} for {_WHY[recipe]}"
+    return None
+
+
+def _offs_problem(offs: Any) -> str | None:
+    if isinstance(offs, torch.Tensor) and (offs.dtype != torch.int32 or offs.dim() != 1):
+        return f"offs must be a 1-D int32 tensor, got {offs.dtype} with shape {tuple(offs.shape)}"
+    return None
+
+
+def site_problem(a: Any, b: Any, offs: Any, bias: Any = None, out_dtype: Any = None, recipe: str = "mxfp8") -> str | None:
+    """Why `grouped_mm(a, b, offs, bias=bias, out_dtype=out_dtype)` cannot be rewritten, or None.
+
+    Takes real or fake tensors (the example values of a traced graph); reads no values of `offs`.
+    """
+    if offs is None:
+        return "no offs: a dense or 3-D x 3-D batched matmul, not routed experts"
+    if bias is not None:
+        return "has a bias operand"
+    if out_dtype is not None and isinstance(a, torch.Tensor) and out_dtype != a.dtype:
+        return f"out_dtype {out_dtype} differs from the input dtype {a.dtype}"
+    return _operand_problem(a, b, recipe) or _offs_problem(offs)
+
+
+def check_grouped_mm_args(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, recipe: str, rounding: str,
+                          wgrad: str) -> None:
+    """Raise ValueError naming the requirement a `grouped_mm` call breaks (offs values too, in eager)."""
+    for name, value in (("recipe", recipe), ("rounding", rounding), ("wgrad", wgrad)):
+        check_choice(name, value)
+    if not isinstance(offs, torch.Tensor):
+        raise ValueError(f"offs must be a 1-D int32 tensor, got {type(offs).__name__}")
+    problem = _operand_problem(a, b, recipe) or _offs_problem(offs)
+    if problem:
+        raise ValueError(problem)
+    E, K, N = b.shape
+    if a.shape[1] != K:
+        raise ValueError(f"contraction dims differ: a[M, {a.shape[1]}] vs b[E, {K}, N]")
+    if offs.numel() != E:
+        raise ValueError(f"offs has {offs.numel()} group ends but b has E={E} experts")
+    if a.device != b.device or a.device != offs.device:
+        raise ValueError(f"a, b and offs must be on one device, got {a.device}, {b.device}, {offs.device}")
+    if not torch.compiler.is_compiling() and offs.numel():
+        # values are unknown while tracing; in eager this reads offs (a host sync on GPU)
+        ends = offs.cpu()
+        if bool((ends[1:] < ends[:-1]).any()) or int(ends[0]) < 0:
+            raise ValueError(f"offs must be non-decreasing group ends, got {ends.tolist()}")
+        if int(ends[-1]) > a.shape[0]:
+            raise ValueError(f"offs[-1]={int(ends[-1])} is past M={a.shape[0]}")

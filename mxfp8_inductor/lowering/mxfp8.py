@@ -1,0 +1,118 @@
+"""The mxfp8 recipe's three GEMMs (docs/design.md, "Lowering and dispatch").
+
+  native     compute capability 10.x, K and N multiples of 128: float8 operands + blocked e8m0
+             scales into `torch._scaled_grouped_mm` (never on 9.x: that call corrupts the CUDA
+             context there);
+  emulated   other CUDA GPUs: Triton quantize-dequantize (exact MXFP8 values, which bf16 holds
+             exactly) feeding the bf16 `torch._grouped_mm`;
+  reference  CPU: the same emulation with the pure-torch reference.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..kernels.mx import implementation
+from .library import OUT_DTYPE, define, like
+
+
+def gemm_path(device: torch.device, K: int, N: int) -> str:
+    """Which implementation runs a grouped GEMM with contraction K and output width N:
+    "native", "emulated" or "reference"."""
+    if device.type != "cuda":
+        return "reference"
+    # the native scale layouts are verified only where K/32 and N/32 fill whole 4-column tiles
+    if torch.cuda.get_device_capability(device)[0] == 10 and K % 128 == 0 and N % 128 == 0:
+        return "native"
+    return "emulated"
+
+
+# --------------------------------------------------------------------------------------------
+# Native path arguments (pure functions of a kernels module, so CPU tests can check them
+# against torch's meta checks with the reference kernels)
+
+
+def native_forward_args(kern, a_MK, b_EKN, offs, rounding):
+    a_fp8, a_scales = kern.quantize_rows_blocked(a_MK, offs, rounding)
+    w_fp8_ENK, w_scales = kern.quantize_weight_blocked(b_EKN.transpose(-2, -1), rounding)
+    return a_fp8, w_fp8_ENK.transpose(-2, -1), a_scales, w_scales, offs
+
+
+def native_dgrad_args(kern, grad_MN, b_EKN, offs, rounding):
+    g_fp8, g_scales = kern.quantize_rows_blocked(grad_MN, offs, rounding)
+    w_fp8_EKN, w_scales = kern.quantize_weight_blocked(b_EKN, rounding)
+    return g_fp8, w_fp8_EKN.transpose(-2, -1), g_scales, w_scales, offs
+
+
+def native_wgrad_args(kern, grad_MN, a_MK, offs, rounding):
+    a_fp8_KMp, a_scales, padded_offs = kern.quantize_groups_blocked(a_MK, offs, rounding)
+    g_fp8_NMp, g_scales, _ = kern.quantize_groups_blocked(grad_MN, offs, rounding)
+    return a_fp8_KMp, g_fp8_NMp.t(), a_scales, g_scales, padded_offs
+
+
+def _scaled_grouped_mm(args) -> torch.Tensor:
+    return torch._scaled_grouped_mm(*args[:4], offs=args[4], out_dtype=OUT_DTYPE)
+
+
+# --------------------------------------------------------------------------------------------
+# Quantize-dequantize ops (the emulated and reference paths)
+
+
+def _quantize_dequantize(x, dim, rounding):
+    """x rounded to MXFP8 values (blocks of 32 along `dim`), as bf16."""
+    return like(x, implementation(x.device).quantize_dequantize(x, dim, rounding, OUT_DTYPE))
+
+
+def _quantize_dequantize_groups(x, offs, rounding):
+    """[M, K] rounded to MXFP8 values in blocks along M that restart at every group, as bf16."""
+    return like(x, implementation(x.device).quantize_dequantize_groups(x, offs, rounding, OUT_DTYPE))
+
+
+quantize_dequantize_op = define(
+    "quantize_dequantize", "(Tensor x, int dim, str rounding) -> Tensor", _quantize_dequantize,
+    lambda x, dim, rounding: torch.empty_like(x, dtype=OUT_DTYPE),
+)
+quantize_dequantize_groups_op = define(
+    "quantize_dequantize_groups", "(Tensor x, Tensor offs, str rounding) -> Tensor", _quantize_dequantize_groups,
+    lambda x, offs, rounding: torch.empty_like(x, dtype=OUT_DTYPE),
+)
+
+
+# --------------------------------------------------------------------------------------------
+# The three GEMMs (see lowering/ops.py for the common interface)
+
+
+def forward(a_MK, b_EKN, offs, rounding, decomposing):
+    K, N = b_EKN.shape[-2:]
+    if gemm_path(a_MK.device, K, N) == "native":
+        if decomposing:  # keep the op: its native path is not decomposed
+            return NotImplemented
+        return _scaled_grouped_mm(native_forward_args(implementation(a_MK.device), a_MK, b_EKN, offs, rounding))
+    a_q = quantize_dequantize_op(a_MK, -1, rounding)
+    b_q = quantize_dequantize_op(b_EKN, 1, rounding)
+    return torch._grouped_mm(a_q, b_q, offs)
+
+
+def dgrad(grad_MN, b_EKN, offs, rounding, decomposing):
+    K, N = b_EKN.shape[-2:]
+    if gemm_path(grad_MN.device, N, K) == "native":
+        if decomposing:
+            return NotImplemented
+        return _scaled_grouped_mm(native_dgrad_args(implementation(grad_MN.device), grad_MN, b_EKN, offs, rounding))
+    g_q = quantize_dequantize_op(grad_MN, -1, rounding)
+    b_q = quantize_dequantize_op(b_EKN, 2, rounding)
+    return torch._grouped_mm(g_q, b_q.transpose(-2, -1), offs)
+
+
+def wgrad(grad_MN, a_MK, offs, rounding, decomposing):
+    K, N = a_MK.shape[1], grad_MN.shape[1]
+    if gemm_path(a_MK.device, K, N) == "native":
+        if decomposing:
+            return NotImplemented
+        dw_EKN = _scaled_grouped_mm(native_wgrad_args(implementation(a_MK.device), grad_MN, a_MK, offs, rounding))
+        # an empty group is skipped by the kernel: its gradient is 0, not whatever was in memory
+        sizes = torch.diff(offs, prepend=offs.new_zeros(1))
+        return torch.where((sizes > 0)[:, None, None], dw_EKN, 0)
+    a_q = quantize_dequantize_groups_op(a_MK, offs, rounding)
+    g_q = quantize_dequantize_groups_op(grad_MN, offs, rounding)
+    return torch._grouped_mm(a_q.t(), g_q, offs)

@@ -1,0 +1,119 @@
+"""The fp8_rowwise recipe's three GEMMs (`kernels/rowwise.py` is its numerics contract).
+
+On compute capability 9.x the GEMMs are torch's FP8 grouped GEMM (`torch._scaled_grouped_mm`),
+except for small token groups: there the forward and input-gradient GEMMs take our Triton FP8
+grouped GEMM and the weight gradient multiplies its FP8-rounded operands in bf16. Elsewhere the
+recipe is emulated: dequantized operands, exact in bf16, into the bf16 grouped GEMM.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+from ..kernels import rowwise
+from .library import OUT_DTYPE, define
+
+
+def has_fp8_grouped_mm(device: torch.device) -> bool:
+    """Whether torch's rowwise FP8 grouped GEMM is known to run here: compute capability 9.x.
+    Its CUTLASS kernel was built for sm_90 only until mid-2026 (pytorch/pytorch#188063) and traps
+    on sm_103 in some builds, so Blackwell takes the emulation (MXFP8 is its native recipe)."""
+    return device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device)[0] == 9
+
+
+def kernels(device: torch.device) -> types.ModuleType:
+    """The rowwise weight-gradient quantizers: Triton twins on GPUs, the pure-torch contract elsewhere."""
+    if device.type == "cuda":
+        from ..kernels import triton_rowwise  # imported lazily: triton is optional off Linux
+
+        return triton_rowwise
+    return rowwise
+
+
+def _quantize_groups(x, offs, rounding):
+    """Weight-gradient operand (see `rowwise.quantize_groups`)."""
+    return kernels(x.device).quantize_groups(x, offs, rounding)
+
+
+def _quantize_groups_fake(x, offs, rounding):
+    M, K = x.shape
+    G = offs.shape[0]
+    data = x.new_empty(K, rowwise.padded_rows(M, G), dtype=torch.float8_e4m3fn)
+    return data, x.new_empty(G, K, dtype=torch.float32), offs.new_empty(G)
+
+
+quantize_groups_rowwise_op = define(
+    "quantize_groups_rowwise", "(Tensor x, Tensor offs, str rounding) -> (Tensor, Tensor, Tensor)",
+    _quantize_groups, _quantize_groups_fake,
+)
+
+
+def _group_amax(x, offs):
+    """Per token group and column max |x| (`rowwise.group_amax`), in one read of x on GPUs."""
+    return kernels(x.device).group_amax(x, offs)
+
+
+group_amax_op = define(
+    "group_amax", "(Tensor x, Tensor offs) -> Tensor", _group_amax,
+    lambda x, offs: x.new_empty(offs.shape[0], x.shape[1], dtype=torch.float32),
+)
+
+
+def _fp8_grouped_mm(a, b, scale_a, scale_b, offs):
+    """Our Triton rowwise FP8 grouped GEMM (`kernels/triton_fp8_gemm.py`, 2d-3d), bf16 out."""
+    from ..kernels import triton_fp8_gemm
+
+    return triton_fp8_gemm.scaled_grouped_mm(a, b, scale_a, scale_b, offs)
+
+
+fp8_grouped_mm_op = define(
+    "fp8_grouped_mm", "(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor offs) -> Tensor",
+    _fp8_grouped_mm, lambda a, b, scale_a, scale_b, offs: a.new_empty(a.shape[0], b.shape[-1], dtype=OUT_DTYPE),
+)
+
+
+# Tokens per group below which our Triton FP8 grouped GEMM beats torch's (CUTLASS) one on Hopper
+# in the forward and input-gradient layout (2d-3d): torch's tiles are sized for large groups
+# (benchmarks/probe_fp8_grouped_gemm.py).
+TRITON_GEMM_MAX_TOKENS_PER_GROUP = 1024
+# Tokens per group below which the weight gradient (2d-2d) multiplies its FP8-rounded operands in
+# torch's bf16 grouped GEMM: there no FP8 kernel we have beats bf16 on Hopper
+# (docs/performance.md, "FP8 grouped GEMM rates").
+BF16_WGRAD_MAX_TOKENS_PER_GROUP = 1024
+
+
+def _gemm(a, b, scale_a, scale_b, offs) -> torch.Tensor:
+    if not has_fp8_grouped_mm(a.device):
+        return rowwise.scaled_grouped_mm(a, b, scale_a, scale_b, offs)
+    if b.dim() == 3 and a.shape[0] < TRITON_GEMM_MAX_TOKENS_PER_GROUP * offs.numel():
+        return fp8_grouped_mm_op(a, b, scale_a, scale_b, offs)
+    return torch._scaled_grouped_mm(a, b, scale_a, scale_b, offs=offs, out_dtype=OUT_DTYPE)
+
+
+# --------------------------------------------------------------------------------------------
+# The three GEMMs (see lowering/ops.py for the common interface); every path here decomposes
+
+
+def forward(a_MK, b_EKN, offs, rounding, decomposing):
+    a_fp8_MK, a_scales_M = rowwise.quantize_rows(a_MK, -1, rounding)
+    w_fp8_ENK, w_scales_EN = rowwise.quantize_rows(b_EKN.transpose(-2, -1), -1, rounding)
+    return _gemm(a_fp8_MK.contiguous(), w_fp8_ENK.contiguous().transpose(-2, -1), a_scales_M, w_scales_EN, offs)
+
+
+def dgrad(grad_MN, b_EKN, offs, rounding, decomposing):
+    g_fp8_MN, g_scales_M = rowwise.quantize_rows(grad_MN, -1, rounding)
+    w_fp8_EKN, w_scales_EK = rowwise.quantize_rows(b_EKN, -1, rounding)
+    return _gemm(g_fp8_MN.contiguous(), w_fp8_EKN.contiguous().transpose(-2, -1), g_scales_M, w_scales_EK, offs)
+
+
+def wgrad(grad_MN, a_MK, offs, rounding, decomposing):
+    if has_fp8_grouped_mm(a_MK.device) and a_MK.shape[0] < BF16_WGRAD_MAX_TOKENS_PER_GROUP * offs.numel():
+        # same rounding as below; Inductor fuses each operand's rounding into one pass after its amax
+        a_q = rowwise.quantize_dequantize_groups(a_MK, offs, group_amax_op(a_MK, offs), rounding)
+        g_q = rowwise.quantize_dequantize_groups(grad_MN, offs, group_amax_op(grad_MN, offs), rounding)
+        return torch._grouped_mm(a_q.t(), g_q, offs)
+    a_fp8_KMp, a_scales_GK, padded_offs = quantize_groups_rowwise_op(a_MK, offs, rounding)
+    g_fp8_NMp, g_scales_GN, _ = quantize_groups_rowwise_op(grad_MN, offs, rounding)
+    return _gemm(a_fp8_KMp, g_fp8_NMp.t(), a_scales_GK.reshape(-1), g_scales_GN.reshape(-1), padded_offs)
