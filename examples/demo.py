@@ -40,7 +40,8 @@ def main() -> None:
     x = torch.randn(1, tokens, dim, device=dev, dtype=torch.bfloat16)
     target = torch.randn_like(x)
     where = torch.cuda.get_device_name() if cuda else "CPU"
-    print(f"MoE model: {layers} layers, {experts} experts top-2, dim {dim}, hidden {hidden}, {tokens} tokens, on {where}\n")
+    print(f"MoE model: {layers} layers, {experts} experts top-2, dim {dim}, hidden {hidden}, {tokens} tokens, "
+          f"on {where}\n")
 
     print(mx.explain(mx_model, x, options={"recipe": recipe}), "\n")
 
@@ -55,7 +56,8 @@ def main() -> None:
     bf16_fn = torch.compile(model)
     mx_fn = torch.compile(mx_model, backend="mxfp8", options={"recipe": recipe})
     (loss_ref, g_ref), (loss_mx, g_mx) = step(model, bf16_fn), step(mx_model, mx_fn)
-    print(f"loss: bf16 {loss_ref:.6f}  {recipe} {loss_mx:.6f}  (relative difference {abs(loss_mx - loss_ref) / loss_ref:.2e})")
+    rel = abs(loss_mx - loss_ref) / loss_ref
+    print(f"loss: bf16 {loss_ref:.6f}  {recipe} {loss_mx:.6f}  (relative difference {rel:.2e})")
     print("gradient SQNR vs bf16 (dB):")
     for name in g_ref:
         print(f"  {name:<36} {sqnr(g_ref[name], g_mx[name]):6.1f}")

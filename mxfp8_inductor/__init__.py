@@ -6,7 +6,6 @@ Ways in: `torch.compile(model, backend="mxfp8", options={...})`,
 """
 
 from .backend import inductor_options, mxfp8_backend, register
-from .options import MXFP8Config
 from .explain import Report, explain
 from .kernels.mx import (
     dequantize,
@@ -18,6 +17,7 @@ from .kernels.mx import (
 )
 from .lowering import grouped_mm, register_decompositions
 from .marking import mxfp8
+from .options import MXFP8Config
 
 register_decompositions()
 register()

@@ -35,8 +35,8 @@ from torch.overrides import TorchFunctionMode
 
 from .backend import mxfp8_backend
 from .eligibility import MULTIPLE_OF
-from .options import MXFP8Config
 from .lowering import grouped_mm
+from .options import MXFP8Config
 from .patterns.rewrite import rewrite
 from .patterns.sites import grouped_mm_args, problem
 
@@ -133,9 +133,10 @@ def _output(out: Any) -> torch.Tensor:
 
 
 def _step(
-    model: torch.nn.Module, fn: Callable, inputs: Sequence[Any], forward_mode: Any = contextlib.nullcontext()
+    model: torch.nn.Module, fn: Callable, inputs: Sequence[Any], forward_mode: Any = None
 ) -> dict[str, torch.Tensor]:
-    with forward_mode:  # the backward runs outside: the op's own backward calls torch._grouped_mm
+    # the backward runs outside `forward_mode`: the op's own backward calls torch._grouped_mm
+    with forward_mode or contextlib.nullcontext():
         out = _output(fn(*inputs))
     out.float().pow(2).mean().backward()
     grads = {f"grad {n}": p.grad.float() for n, p in model.named_parameters() if p.grad is not None}
@@ -170,7 +171,7 @@ def compare(
         def with_pass(gm: torch.fx.GraphModule, example_inputs: list[Any], config=config, rows=rows):
             rows.extend(rewrite(gm, config))  # the backend's own rewrite then finds these sites decided
             if compiler == "inductor":
-                return mxfp8_backend(gm, example_inputs, options={**options, "recipe": recipe})
+                return mxfp8_backend(gm, example_inputs, options={**options, "recipe": config.recipe})
             return torch._dynamo.lookup_backend(compiler)(gm, example_inputs)
 
         op_model = copy.deepcopy(model)
@@ -294,7 +295,8 @@ def _load(spec: str, tiny: bool) -> tuple[torch.nn.Module, tuple[Any, ...]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m mxfp8_inductor.check", description=__doc__.split("\n\n")[0])
-    p.add_argument("model", help="transformers model type, Hub id or config folder; or module:fn returning (model, inputs)")
+    p.add_argument("model", help="transformers model type, Hub id or config folder; "
+                                 "or module:fn returning (model, inputs)")
     p.add_argument("--recipe", default="mxfp8,fp8_rowwise", help="comma-separated recipes (default: both)")
     p.add_argument("--exclude", action="append", default=[], help="FQN glob to keep in bf16 (repeatable)")
     p.add_argument("--include", action="append", default=[], help="FQN glob to rewrite (repeatable)")

@@ -40,7 +40,9 @@ def _offs_problem(offs: Any) -> str | None:
     return None
 
 
-def site_problem(a: Any, b: Any, offs: Any, bias: Any = None, out_dtype: Any = None, recipe: str = "mxfp8") -> str | None:
+def site_problem(
+    a: Any, b: Any, offs: Any, bias: Any = None, out_dtype: Any = None, recipe: str = "mxfp8"
+) -> str | None:
     """Why `grouped_mm(a, b, offs, bias=bias, out_dtype=out_dtype)` cannot be rewritten, or None.
 
     Takes real or fake tensors (the example values of a traced graph); reads no values of `offs`.

@@ -43,7 +43,8 @@ class Report:
         out = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
         out += [fmt.format(*r) for r in rows]
         counts = collections.Counter(s.action for s in self.sites)
-        out.append(", ".join(f"{n} {a}" for a, n in sorted(counts.items())) + f"; {len(self.graph_breaks)} graph break(s)")
+        tally = ", ".join(f"{n} {a}" for a, n in sorted(counts.items()))
+        out.append(f"{tally}; {len(self.graph_breaks)} graph break(s)")
         return "\n".join(out)
 
 

@@ -4,8 +4,14 @@ import os
 if not os.path.exists("/dev/nvidiactl"):
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import pathlib  # noqa: E402
+import sys  # noqa: E402
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+# the shared helpers (helpers.py, models.py) for the tests in every subfolder
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
 
 def pytest_collection_modifyitems(config, items):

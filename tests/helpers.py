@@ -2,6 +2,8 @@
 
 import torch
 
+from mxfp8_inductor.check import sqnr  # noqa: F401  (re-exported for the tests)
+
 
 def assert_bitwise_equal(actual: torch.Tensor, expected: torch.Tensor) -> None:
     """Equal bit patterns, except that any NaN matches any NaN (payloads are not part of the contract)."""
@@ -20,11 +22,6 @@ def assert_bitwise_equal(actual: torch.Tensor, expected: torch.Tensor) -> None:
     same = (a == e) | (nan_a & nan_e)
     bad = (~same).nonzero()
     assert bad.numel() == 0, f"{bad.shape[0]} of {a.numel()} elements differ, first at {bad[:5].tolist()}"
-
-
-def sqnr(ref: torch.Tensor, x: torch.Tensor) -> float:
-    ref, x = ref.double(), x.double()
-    return (20 * torch.log10(ref.norm() / (ref - x).norm())).item()
 
 
 def make_offs(sizes: list[int], device: str = "cpu") -> torch.Tensor:

@@ -1,18 +1,16 @@
 """Launch a @triton.jit kernel on a CUDA GPU without Triton's per-call argument binding.
 
 `kernel[grid](...)` binds and specializes every argument and builds a cache key on each call. A
-compiled MoE block calls our quantizers 16 times per step, and at small MoE shapes their host time
-exceeds their GPU time; skipping that work saves 2-11 us of the 52-57 us a quantizer op call takes
-on the H200 machine (benchmarks/bench_launch.py). Here the compiled kernel Triton returns on the
-first call is kept under a key finer than Triton's specialization (every int by value, every
-tensor by dtype, device and pointer alignment), and later calls hand it straight to its launcher,
-as Inductor launches its own kernels. Off CUDA (the interpreter) this is `kernel[grid](...)`.
+compiled MoE block calls our quantizers a dozen times per step, and at small MoE shapes their host
+time exceeds their GPU time (benchmarks/bench_launch.py times the routes). Here the compiled
+kernel Triton returns on the first call is kept under a key finer than Triton's specialization
+(every int by value, every tensor by dtype, device and pointer alignment), and later calls hand it
+straight to its launcher, as Inductor launches its own kernels. Off CUDA (the interpreter) this is `kernel[grid](...)`.
 
 `launch_keyed` goes one step further for callers that launch one kernel with the same arguments
 but new tensors every step: under the caller's key it keeps the launch with everything but the
 tensors fixed (`bind`), so the caller's own argument computation and the key above are paid once
-per shape, not per call. On the H200 machine this took a compiled qwen3_30b MoE block's step
-from 3.19-3.22 to 2.75-2.77 ms (benchmarks/results/bound_launch_ab_h200.txt).
+per shape, not per call.
 """
 
 from __future__ import annotations
@@ -43,8 +41,8 @@ def _launch_cached(kernel, grid, args, kwargs):
     """Launch on a CUDA device; returns the compiled kernel and its full argument tuple."""
     device = args[0].device.index  # the launch device, which the key and the stream follow
     # tensors by dtype and 16-byte pointer alignment (Triton's specialization, and finer), all else
-    # by value (ints: finer than Triton's ==1, %16 and i32/i64 classes); built inline, not by a
-    # function per argument: 5-6 instead of 10-11 us per call on the CPU machine
+    # by value (ints: finer than Triton's ==1, %16 and i32/i64 classes); built inline: a function
+    # call per argument would double the key's cost
     key = (kernel, device, *kwargs.items(),
            *[(a.dtype, a.data_ptr() % 16) if isinstance(a, torch.Tensor) else a for a in args])
     entry = _compiled.get(key)

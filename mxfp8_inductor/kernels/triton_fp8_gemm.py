@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from .launch import launch_keyed
-from .triton_common import as_bits, e4m3_decode, group_of, group_table, lane_value, store_f32, cdiv, pow2
+from .triton_common import as_bits, cdiv, e4m3_decode, group_of, group_table, lane_value, pow2, store_f32
 
 F8 = torch.float8_e4m3fn
 
@@ -116,8 +116,8 @@ _picked: dict[tuple, triton.Config] = {}
 
 def _launch(kernel, tuned, key: tuple, grid, args: tuple, consts: dict) -> None:
     """Run `kernel`. On GPU, `tuned` picks the config for `key` once and later calls take the
-    launch bound with it (`launch_keyed`): the autotuner's own per-call dispatch costs ~40 us of
-    host time, more than the GEMMs of small MoE layers take on the GPU."""
+    launch bound with it (`launch_keyed`): the autotuner's own per-call dispatch costs tens of
+    microseconds of host time, more than the GEMMs of small MoE layers take on the GPU."""
     tensors = tuple(a for a in args if isinstance(a, torch.Tensor))
     if not consts["HW_CVT"]:
         config = INTERPRETER_CONFIG
@@ -180,7 +180,7 @@ def scaled_grouped_mm(
     grid = lambda c: ((cdiv(M, c["BM"]) + E) * cdiv(N, c["BN"]),)
     _launch(
         _gemm_2d3d_kernel, _gemm_2d3d_tuned, (N, K), grid,
-        (a8, a8.stride(0), b8, b8.stride(0), b8.stride(2), scale_a.contiguous(), scale_b.contiguous(), as_bits(out), offs,
-         M, N, K), dict(E=E, EP=pow2(E), HW_CVT=a.is_cuda),
+        (a8, a8.stride(0), b8, b8.stride(0), b8.stride(2), scale_a.contiguous(), scale_b.contiguous(), as_bits(out),
+         offs, M, N, K), dict(E=E, EP=pow2(E), HW_CVT=a.is_cuda),
     )
     return out

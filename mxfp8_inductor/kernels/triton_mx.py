@@ -26,8 +26,21 @@ from ..options import check_choice
 from . import reference as ref
 from .launch import _MAX_ENTRIES, launch, launch_keyed
 from .triton_common import (
-    as_bits, block_amax, cdiv, e4m3_decode, e8m0_to_float, group_of, group_table, inv_scale, lane_value, load_f32,
-    padded_starts, pow2, scale_exponent, scaled_to_e4m3, store_f32,
+    as_bits,
+    block_amax,
+    cdiv,
+    e4m3_decode,
+    e8m0_to_float,
+    group_of,
+    group_table,
+    inv_scale,
+    lane_value,
+    load_f32,
+    padded_starts,
+    pow2,
+    scale_exponent,
+    scaled_to_e4m3,
+    store_f32,
 )
 
 PLAIN, BLOCKED_COL, BLOCKED_ROW = 0, 1, 2
@@ -176,8 +189,7 @@ def _mx_quant_kernel(
         if PAD_Y:
             # every group padded to whole blocks: block jb's rows start at jb * 32. Padding rows
             # are stored too (the zeros loaded for them, byte 0), so the mask is constant per
-            # block and the provably aligned stores vectorise (16 bytes per thread instead of 1;
-            # benchmarks/results/native_wgrad_store_h200.json)
+            # block and the provably aligned stores vectorise (16 bytes per thread instead of 1)
             r_y = jb[:, None] * 32 + rr[None, :]
             y_ok = tl.broadcast_to((g < R_GROUPS)[:, None], (NB, 32))
             if (pid == 0) & (pid_c == 0) & (tl.program_id(2) == 0):
@@ -209,7 +221,8 @@ def _mx_quant_kernel(
                 store_f32(y_ptr + y_offs, y, m_y, OUT_BF16, HW_CVT)
             else:
                 tl.store(y_ptr + y_offs, q8, mask=m_y)
-                s_offs, s_ok = _scale_offsets(b, c, jb, ss_b, ss_blk, ss_c, s_first, s_end, S_GROUPS, Hp, Wp, SCALE_MODE)
+                s_offs, s_ok = _scale_offsets(b, c, jb, ss_b, ss_blk, ss_c, s_first, s_end, S_GROUPS, Hp, Wp,
+                                              SCALE_MODE)
                 s_ok = s_ok & c_ok[None, :] & (g < R_GROUPS)[:, None]
                 tl.store(s_ptr + s_offs, biased.to(tl.uint8), mask=s_ok)
 
@@ -308,13 +321,14 @@ def _launch_quant(
         return None
     grouped = r_ends is not None
     tile = _tile(x3.strides[1], r_ends.numel() if grouped else 0, y3.strides[1])
-    # the grouped quantize-dequantize runs 1.2-1.47x faster on int16 bits than on bf16 pointers on
-    # the H200 at 1 to 8 groups (benchmarks/results/grouped_bits_h200.json)
+    # the grouped quantize-dequantize takes bf16 as int16 bits on GPUs too, where that measured
+    # faster than bf16 pointers (benchmarks/bench_quantize.py)
     bits = grouped and dequant
     tensors = (as_bits(x3.t, bits), as_bits(y3.t, bits), scale_buf, r_ends, padded_ends, s_ends)
     key = (_mx_quant_kernel, x3.shape, x3.strides, y3.strides, s3.strides if s3 is not None else None, rounding,
            dequant, scale_mode, Hp, Wp, tile)
-    return launch_keyed(key, tensors, lambda: _quant_launch(tensors, x3, y3, s3, rounding, dequant, scale_mode, Hp, Wp, tile))
+    return launch_keyed(
+        key, tensors, lambda: _quant_launch(tensors, x3, y3, s3, rounding, dequant, scale_mode, Hp, Wp, tile))
 
 
 _TAIL_CHUNKS = 16
@@ -333,10 +347,8 @@ def _quant_launch(tensors, x3, y3, s3, rounding, dequant, scale_mode, Hp, Wp, ti
     n_main = cdiv(ref.group_scale_rows(R, R_GROUPS) if grouped else R // 32, NB)
     # extra programs zero the rows past the last group end, which the host does not read: enough
     # for all of y's rows at up to _TAIL_CHUNKS chunks of NB*32 rows each, each looping only over
-    # the rows there are. One per chunk made a [16384, 16384] one-group quantize-dequantize take
-    # 1.08x the time it takes without them on the H200, 1.01-1.03x at the MoE shapes
-    # (benchmarks/results/tail_programs_h200.txt); the loop made no difference at those shapes
-    # against 16 chunks stored masked by every program (tail_loop_ab_h200.json)
+    # the rows there are: a few programs instead of one per chunk, which cost whole waves of
+    # programs on large inputs
     R_y = y3.shape[1]  # y's rows: R, or every group padded (PAD_Y)
     n_tail = cdiv(R_y, 32 * NB * _TAIL_CHUNKS) if grouped else 0
     if s_ends is None and scale_mode != PLAIN:  # BLOCKED_COL scales are grouped as the blocks are
@@ -352,7 +364,8 @@ def _quant_launch(tensors, x3, y3, s3, rounding, dequant, scale_mode, Hp, Wp, ti
         y if s_ends is None else s_ends, S_GROUPS, pow2(S_GROUPS), Hp, Wp,
     )
     consts = dict(
-        RCEIL=rounding == "rceil", DEQUANT=dequant, SCALE_MODE=scale_mode, PAD_Y=padded_ends is not None, GROUPED=grouped,
+        RCEIL=rounding == "rceil", DEQUANT=dequant, SCALE_MODE=scale_mode, PAD_Y=padded_ends is not None,
+        GROUPED=grouped,
         OUT_BF16=y3.t.dtype == torch.bfloat16, HW_CVT=x.is_cuda, NB=NB, BLOCK_C=BLOCK_C, CITERS=citers,
         BAND=band, num_warps=warps,
     )
@@ -378,7 +391,7 @@ def quantize(x: torch.Tensor, dim: int = -1, rounding: str = "rceil") -> tuple[t
 # and alignment, the group ends' count and alignment, the arguments, the tile): (output strides, dtype,
 # whether bf16 travels as bits, bound launch). A compiled MoE block calls these wrappers 16 times
 # per step with the same layouts; a known call skips the checks, views and key building above
-# the launch, the host time that bounds the small MoE shapes (benchmarks/probe_step_host.py).
+# the launch, the host time that bounds the small MoE shapes (benchmarks/bench_launch.py).
 _plans: dict[tuple, tuple] = {}
 
 
@@ -462,7 +475,8 @@ def quantize_dequantize_groups(
 ) -> torch.Tensor:
     """Fused per-group quantize-dequantize along the tokens; rows past offs[-1] are 0."""
     key = (x_MK.shape, x_MK.stride(), x_MK.dtype, x_MK.device, x_MK.data_ptr() % 16,
-           offs.shape, offs.dtype, offs.device, offs.data_ptr() % 16, rounding, dtype, _tile(x_MK.stride(0), offs.numel()))
+           offs.shape, offs.dtype, offs.device, offs.data_ptr() % 16, rounding, dtype,
+           _tile(x_MK.stride(0), offs.numel()))
     y = _planned(key, x_MK, offs)
     if y is not None:
         return y

@@ -13,8 +13,18 @@ from . import reference as ref
 from . import rowwise
 from .launch import launch_keyed
 from .triton_common import (
-    as_bits, e8m0_to_float, group_of, group_table, inv_scale, load_f32, lane_value, scale_exponent, scaled_to_e4m3, widen,
-    cdiv, pow2,
+    as_bits,
+    cdiv,
+    e8m0_to_float,
+    group_of,
+    group_table,
+    inv_scale,
+    lane_value,
+    load_f32,
+    pow2,
+    scale_exponent,
+    scaled_to_e4m3,
+    widen,
 )
 
 # (rows per program, rows per load, columns, warps) of the amax kernel and (features per block,
@@ -92,9 +102,9 @@ def _cast_groups_t_kernel(
     """Program (p, q): padded token columns p*2*ALIGN.. and features q*KITERS*BK.. of y[K, Mp], BK
     features at a time: gather the source rows, transpose the loaded bits, scale by their
     group's power of two, cast, store. The token-to-group lookup, O(ALIGN * G), is made once for
-    all KITERS blocks: at 64 groups it costs more than the data of one block. Transposing the
-    loaded bf16 bits rather than the float8 bytes took amax + cast from 1.14-1.4x to 1x on the
-    H200 (benchmarks/results/cast_transpose_h200.json). Programs (0, q) also write the float
+    all KITERS blocks: at 64 groups it costs more than the data of one block. It transposes the
+    loaded bf16 bits rather than the float8 bytes, which measured faster (bench_quantize.py).
+    Programs (0, q) also write the float
     scales of their features, program (0, 0) the padded group ends: the whole operand comes from
     this kernel and the amax one, with no host ops between them."""
     j = tl.program_id(0) * (2 * ALIGN) + tl.arange(0, 2 * ALIGN)

@@ -54,7 +54,9 @@ def _(a, b, offs, recipe, rounding, wgrad):
 
 
 @torch.library.custom_op(f"{LIB}::grouped_mm_dgrad", mutates_args=())
-def grouped_mm_dgrad_op(grad: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, recipe: str, rounding: str) -> torch.Tensor:
+def grouped_mm_dgrad_op(
+    grad: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, recipe: str, rounding: str
+) -> torch.Tensor:
     return _dgrad(grad, b, offs, recipe, rounding)
 
 
@@ -64,7 +66,9 @@ def _(grad, b, offs, recipe, rounding):
 
 
 @torch.library.custom_op(f"{LIB}::grouped_mm_wgrad", mutates_args=())
-def grouped_mm_wgrad_op(grad: torch.Tensor, a: torch.Tensor, offs: torch.Tensor, recipe: str, rounding: str) -> torch.Tensor:
+def grouped_mm_wgrad_op(
+    grad: torch.Tensor, a: torch.Tensor, offs: torch.Tensor, recipe: str, rounding: str
+) -> torch.Tensor:
     return _wgrad(grad, a, offs, recipe, rounding)
 
 

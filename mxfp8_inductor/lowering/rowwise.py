@@ -76,7 +76,7 @@ fp8_grouped_mm_op = define(
 
 # Tokens per group below which our Triton FP8 grouped GEMM beats torch's (CUTLASS) one on Hopper
 # in the forward and input-gradient layout (2d-3d): torch's tiles are sized for large groups
-# (benchmarks/probe_fp8_grouped_gemm.py).
+# (docs/performance.md, "FP8 grouped GEMM rates").
 TRITON_GEMM_MAX_TOKENS_PER_GROUP = 1024
 # Tokens per group below which the weight gradient (2d-2d) multiplies its FP8-rounded operands in
 # torch's bf16 grouped GEMM: there no FP8 kernel we have beats bf16 on Hopper

@@ -13,8 +13,8 @@ import logging
 import torch
 import torch.fx
 
-from ..options import MXFP8Config
 from ..lowering import ops  # noqa: F401  (registers torch.ops.mxfp8)
+from ..options import MXFP8Config
 from . import registry
 from .sites import Site, _val, find_sites
 
@@ -40,9 +40,8 @@ class SiteReport:
 def _replace(site: Site, config: MXFP8Config) -> str:
     gm, node = site.gm, site.node
     with gm.graph.inserting_before(node):
-        new = gm.graph.call_function(
-            torch.ops.mxfp8.grouped_mm.default, (site.a, site.b, site.offs, config.recipe, config.rounding, config.wgrad)
-        )
+        args = (site.a, site.b, site.offs, config.recipe, config.rounding, config.wgrad)
+        new = gm.graph.call_function(torch.ops.mxfp8.grouped_mm.default, args)
     new.meta.update(node.meta)
     node.replace_all_uses_with(new)
     gm.graph.erase_node(node)

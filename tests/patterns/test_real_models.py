@@ -29,7 +29,8 @@ def test_torchtitan_moe():
         routed_experts=moe.RoutedExperts.Config(
             inner_experts=moe.GroupedExperts.Config(dim=D, hidden_dim=F, num_experts=E),
             token_dispatcher=moe.LocalTokenDispatcher.Config(num_experts=E, top_k=2)),
-        router=moe.TokenChoiceTopKRouter.Config(num_experts=E, gate=moe.Linear.Config(in_features=D, out_features=E), top_k=2),
+        router=moe.TokenChoiceTopKRouter.Config(
+            num_experts=E, gate=moe.Linear.Config(in_features=D, out_features=E), top_k=2),
     )
     torch.manual_seed(0)
     model = cfg.build()

@@ -57,7 +57,8 @@ def test_second_call_with_other_values_and_group_ends_uses_its_own_tensors():
     for seed, sizes in enumerate(([40, 0, 17, 64], [64, 17, 0, 40])):
         args = _forward_operands(sizes, 80, 40, seed=seed)
         end = sum(sizes)
-        _assert_close_to_emulation(triton_fp8_gemm.scaled_grouped_mm(*args)[:end], rowwise.scaled_grouped_mm(*args)[:end])
+        got, want = triton_fp8_gemm.scaled_grouped_mm(*args), rowwise.scaled_grouped_mm(*args)
+        _assert_close_to_emulation(got[:end], want[:end])
 
 
 def test_only_the_sums_and_the_bf16_rounding_are_inexact():
@@ -124,4 +125,5 @@ def test_opcheck_of_the_custom_op():
     from mxfp8_inductor.lowering import rowwise as rw_lowering
 
     utils = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
-    torch.library.opcheck(rw_lowering.fp8_grouped_mm_op, _forward_operands([40, 0, 17, 64], 64, 32, tail=0), test_utils=utils)
+    operands = _forward_operands([40, 0, 17, 64], 64, 32, tail=0)
+    torch.library.opcheck(rw_lowering.fp8_grouped_mm_op, operands, test_utils=utils)

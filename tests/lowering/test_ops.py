@@ -100,7 +100,8 @@ def test_opcheck():
     a, w, b_of, offs, grad = _problem(4, K=64, N=64, tail=0)
     b = b_of(w)
     for recipe in gm.RECIPES:
-        torch.library.opcheck(gm.grouped_mm_op, (a.requires_grad_(), b.requires_grad_(), offs, recipe, "rceil", "quantized"))
+        args = (a.requires_grad_(), b.requires_grad_(), offs, recipe, "rceil", "quantized")
+        torch.library.opcheck(gm.grouped_mm_op, args)
         torch.library.opcheck(gm.grouped_mm_op, (a, b, offs, recipe, "floor", "bf16"))
         torch.library.opcheck(gm.grouped_mm_dgrad_op, (grad, b.detach(), offs, recipe, "rceil"))
         torch.library.opcheck(gm.grouped_mm_wgrad_op, (grad, a.detach(), offs, recipe, "rceil"))
@@ -164,7 +165,7 @@ def test_native_args_pass_torch_meta_checks(builder, shape):
     E, K, N = 8, 256, 128
     a, w, b_of, offs, grad = _problem(E, K=K, N=N)
     M = a.shape[0]
-    first = {mx_lowering.native_forward_args: a, mx_lowering.native_dgrad_args: grad, mx_lowering.native_wgrad_args: grad}[builder]
+    first = a if builder is mx_lowering.native_forward_args else grad
     second = a if builder is mx_lowering.native_wgrad_args else b_of(w)
     args = builder(reference, first, second, offs, "rceil")
     with FakeTensorMode() as mode:

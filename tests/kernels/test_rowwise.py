@@ -98,7 +98,7 @@ def test_group_rounding_in_place_is_the_dequantized_weight_gradient_operand(size
     NaN/inf/subnormal groups included."""
     g = torch.Generator().manual_seed(seed)
     offs = make_offs(sizes)
-    x = (torch.randn(sum(sizes) + 2, 24, generator=g) * torch.exp2(torch.randint(-30, 30, (1, 24), generator=g).float()))
+    x = torch.randn(sum(sizes) + 2, 24, generator=g) * torch.exp2(torch.randint(-30, 30, (1, 24), generator=g).float())
     x.view(-1)[torch.randint(0, x.numel(), (3,), generator=g)] = torch.tensor([float("nan"), float("inf"), 2.0**-133])
     x = x.bfloat16()
     got = rowwise.quantize_dequantize_groups(x, offs, rowwise.group_amax(x, offs), rounding)

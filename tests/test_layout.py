@@ -1,0 +1,65 @@
+"""The package's imports flow one way: entry points -> patterns -> lowering -> kernels, with
+eligibility and options as leaves that every layer may use (docs/design.md, "Layout")."""
+
+import ast
+import pathlib
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).parents[1] / "mxfp8_inductor"
+# a module may import modules of its own rank or lower
+RANK = {"options": 0, "eligibility": 1, "kernels": 2, "lowering": 3, "patterns": 4}
+ENTRY = 5  # __init__, backend, marking, explain, check
+
+
+def _name(path: pathlib.Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_module(name: str) -> bool:
+    path = PACKAGE.parent / name.replace(".", "/")
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def _rank(module: str) -> int:
+    parts = module.split(".")
+    return RANK.get(parts[1], ENTRY) if len(parts) > 1 else ENTRY
+
+
+def _imports(path: pathlib.Path) -> set[str]:
+    """Package modules `path` imports, at module level or inside functions."""
+    here = _name(path).split(".")
+    package = here if path.name == "__init__.py" else here[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("mxfp8_inductor")}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = ".".join(package[: len(package) - node.level + 1])
+                module = f"{base}.{node.module}" if node.module else base
+            else:
+                module = node.module or ""
+            if module.startswith("mxfp8_inductor"):
+                found.add(module)
+                found |= {f"{module}.{a.name}" for a in node.names if _is_module(f"{module}.{a.name}")}
+    return found
+
+
+MODULES = sorted(PACKAGE.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", MODULES, ids=[_name(p) for p in MODULES])
+def test_imports_flow_one_way(path):
+    source = _name(path)
+    wrong = [m for m in _imports(path) if _rank(m) > _rank(source)]
+    assert not wrong, f"{source} (rank {_rank(source)}) imports {wrong}"
+
+
+def test_the_rule_sees_a_wrong_way_import(tmp_path, monkeypatch):
+    """A kernels module importing lowering is caught (so the test above can fail)."""
+    fake = PACKAGE / "kernels" / "reference.py"
+    monkeypatch.setattr(pathlib.Path, "read_text", lambda self: "from ..lowering import ops\n")
+    assert _imports(fake) == {"mxfp8_inductor.lowering", "mxfp8_inductor.lowering.ops"}
+    assert _rank("mxfp8_inductor.lowering.ops") > _rank(_name(fake))
