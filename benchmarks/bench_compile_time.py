@@ -18,20 +18,15 @@ import copy
 import datetime
 import json
 import os
-import pathlib
 import statistics
-import sys
 import time
 
 import torch
 import triton
+from shapes import moe_model
 
-ROOT = pathlib.Path(__file__).parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "examples"))
-import mxfp8_inductor  # noqa: E402,F401
-from mxfp8_inductor.kernels import triton_mx  # noqa: E402
-from moe_model import MoEModel  # noqa: E402
+import mxfp8_inductor  # noqa: F401  (registers backend="mxfp8")
+from mxfp8_inductor.kernels import triton_mx
 
 
 def first_step_s(model: torch.nn.Module, backend: str, x: torch.Tensor) -> float:
@@ -45,13 +40,13 @@ def first_step_s(model: torch.nn.Module, backend: str, x: torch.Tensor) -> float
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="benchmarks/results/compile_time_h200.json")
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
-    model = MoEModel(dim=2048, hidden=768, num_experts=16, top_k=2, layers=4, shared_expert=True).to(dev, torch.bfloat16)
+    model = moe_model(layers=4, D=2048, F=768, E=16, top_k=2, shared_expert=True).to(dev, torch.bfloat16)
     x = torch.randn(1, 4096, 2048, device=dev, dtype=torch.bfloat16)
     first_step_s(copy.deepcopy(model), "inductor", x)  # warm the process (imports, Triton)
     mx_first = first_step_s(copy.deepcopy(model), "mxfp8", x)

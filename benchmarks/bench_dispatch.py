@@ -40,7 +40,7 @@ def us_per_call(fn, x: torch.Tensor, calls: int = 20000) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", help="JSON path (default: benchmarks/results/dispatch_<machine>.json)")
     args = p.parse_args()
     x = torch.empty(4096, 2048, dtype=torch.bfloat16)

@@ -14,17 +14,14 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import pathlib
-import sys
 import time
 
 import torch
 import triton
+from shapes import require_gpu
 
-ROOT = pathlib.Path(__file__).parents[1]
-sys.path.insert(0, str(ROOT))
-from mxfp8_inductor.kernels import launch, triton_fp8_gemm, triton_mx, triton_rowwise  # noqa: E402
-from mxfp8_inductor.lowering import ops  # noqa: E402
+from mxfp8_inductor.kernels import launch, triton_fp8_gemm, triton_mx, triton_rowwise
+from mxfp8_inductor.lowering import mxfp8
 
 MODULES = (triton_mx, triton_rowwise, triton_fp8_gemm)  # each imported `launch_keyed` by name
 
@@ -41,8 +38,9 @@ def _cached_route(key, tensors, prepare) -> None:
     launch.launch(kernel, grid, *args, **kwargs)
 
 
-# how the per-step kernels launch: the two earlier ways, the launch bound once per key, and that
-# reached through the quantize-dequantize wrappers' plans
+# the ways a per-step kernel can launch, each skipping more host work than the one before: Triton's
+# own path, its compiled kernel cached by us, the launch bound once per key, and that reached
+# through the quantize-dequantize wrappers' plans (the route the ops take)
 ROUTES = {"triton": _triton_route, "cached": _cached_route, "bound": launch.launch_keyed,
           "planned": launch.launch_keyed}
 _planned = triton_mx._planned
@@ -73,17 +71,18 @@ def cases() -> dict[str, object]:
     x = torch.randn(512, 512, device="cuda", dtype=torch.bfloat16)
     offs = torch.tensor([100, 100, 300, 512], device="cuda", dtype=torch.int32)
     return {
-        "op quantize_dequantize (rows)": lambda: ops.quantize_dequantize_op(x, -1, "rceil"),
-        "op quantize_dequantize (cols)": lambda: ops.quantize_dequantize_op(x, 0, "rceil"),
-        "op quantize_dequantize_groups": lambda: ops.quantize_dequantize_groups_op(x, offs, "rceil"),
+        "op quantize_dequantize (rows)": lambda: mxfp8.quantize_dequantize_op(x, -1, "rceil"),
+        "op quantize_dequantize (cols)": lambda: mxfp8.quantize_dequantize_op(x, 0, "rceil"),
+        "op quantize_dequantize_groups": lambda: mxfp8.quantize_dequantize_groups_op(x, offs, "rceil"),
         "triton_rowwise.quantize_groups": lambda: triton_rowwise.quantize_groups(x, offs, "rceil"),
     }
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="benchmarks/results/launch_h200.json")
     args = p.parse_args()
+    require_gpu()
     rows = []
     for name, fn in cases().items():
         row = {"call": name}

@@ -1,8 +1,12 @@
-"""Bandwidth of every MXFP8 quantizer against a device-to-device copy measured in the same run.
+"""Bandwidth of every MXFP8 quantizer and of the fp8_rowwise weight-gradient kernels, as a fraction
+of a device-to-device copy measured in the same run; or, with --sweep / --sweep-rowwise, the same
+per tile shape, which is how the kernels' tiles were chosen.
 
     python benchmarks/bench_quantize.py [--out benchmarks/results/quantize_h200.json] [--quick]
+    python benchmarks/bench_quantize.py --sweep | --sweep-rowwise
 
 Bytes counted: each input element read once, each output element (data, scales) written once.
+`do_bench` times the GPU, but a call whose host work outlasts its kernels shows the host.
 """
 
 from __future__ import annotations
@@ -10,16 +14,16 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import sys
+from functools import partial
 
 import torch
 import triton
+from shapes import SHAPES, TOKENS, require_gpu, uneven_counts
 from triton.testing import do_bench
 
-sys.path.insert(0, ".")
-sys.path.insert(0, "benchmarks")
-from mxfp8_inductor.kernels import triton_mx as tri, triton_rowwise  # noqa: E402
-from shapes import SHAPES, TOKENS, uneven_counts  # noqa: E402
+from mxfp8_inductor.kernels import triton_mx as tri
+from mxfp8_inductor.kernels import triton_rowwise
+
 
 def nbytes(*ts) -> int:
     return sum(t.numel() * t.element_size() for t in ts)
@@ -45,40 +49,42 @@ def cases(x_MK: torch.Tensor, offs: torch.Tensor, w_ENK: torch.Tensor):
 
 
 def sweep() -> None:
-    """Fraction of copy bandwidth per tile (blocks per program, columns per tile, tiles per
-    program, warps; the band of the default tile) of each `tri.TILES` case: blocks along the contiguous dim (qdq along K),
-    across rows (qdq along the rows), across rows in one token group and in several (qdq per
-    group along the tokens, at 1, 8, 16 and 64 groups), and across rows stored transposed (the
-    native weight-gradient operand; at one group also the weights along N)."""
+    """Fraction of copy bandwidth per `tri.Tile` (blocks, columns, tiles, warps; the band of the
+    default tile) of each `tri.TILES` case: blocks along the contiguous dim (qdq along K), across
+    rows (qdq along the rows), across rows in one token group and in several (qdq per group along
+    the tokens, at 1, 8, 16 and 64 groups), and across rows stored transposed (the native
+    weight-gradient operand; at one group also the weights along N)."""
     probs = {"16384x16384 G=1": (16384, 16384, 1), "dsv3 x G=8": (TOKENS, 7168, 8),
              "qwen3_30b x G=16": (TOKENS, 2048, 16), "fine64 x G=64": (TOKENS, 2048, 64)}
     one_warp = [(2, 64, 1, 1), (1, 64, 1, 1), (1, 128, 1, 1), (2, 64, 2, 1)]
-    configs = {"rows": [(8, 16, 1, 4), (4, 32, 2, 4), (4, 32, 1, 4), (4, 16, 1, 1), (8, 16, 1, 2), (2, 32, 1, 1)],
-               "one_group": [(2, 64, 1, 2), (1, 128, 1, 2), (1, 64, 2, 2), (2, 64, 2, 2), (2, 128, 1, 4), (4, 64, 1, 4),
-                             *one_warp],
-               "cols": [(2, 64, 1, 2), (1, 64, 1, 2), (1, 64, 4, 2), (2, 128, 1, 4), (1, 128, 1, 2), (2, 64, 2, 2),
-                        (4, 64, 1, 4), (2, 32, 1, 1), (1, 256, 1, 4), *one_warp],
-               "groups": [(2, 64, 1, 2), (1, 64, 1, 2), (1, 64, 2, 2), (1, 64, 4, 2), (1, 64, 8, 2), (1, 32, 4, 1),
-                          (1, 32, 1, 1), (1, 128, 1, 4), (1, 128, 2, 2), (1, 32, 8, 1), *one_warp, (1, 64, 4, 1)],
-               "transposing": [(2, 64, 1, 1), (1, 64, 1, 1), (2, 64, 2, 1), (1, 128, 1, 2), (2, 64, 1, 2), (2, 32, 1, 1),
-                               (4, 32, 1, 1), (2, 128, 1, 1)]}
+    configs = {
+        "rows": [(8, 16, 1, 4), (4, 32, 2, 4), (4, 32, 1, 4), (4, 16, 1, 1), (8, 16, 1, 2), (2, 32, 1, 1)],
+        "one_group": [(2, 64, 1, 2), (1, 128, 1, 2), (1, 64, 2, 2), (2, 64, 2, 2), (2, 128, 1, 4), (4, 64, 1, 4),
+                      *one_warp],
+        "cols": [(2, 64, 1, 2), (1, 64, 1, 2), (1, 64, 4, 2), (2, 128, 1, 4), (1, 128, 1, 2), (2, 64, 2, 2),
+                 (4, 64, 1, 4), (2, 32, 1, 1), (1, 256, 1, 4), *one_warp],
+        "groups": [(2, 64, 1, 2), (1, 64, 1, 2), (1, 64, 2, 2), (1, 64, 4, 2), (1, 64, 8, 2), (1, 32, 4, 1),
+                   (1, 32, 1, 1), (1, 128, 1, 4), (1, 128, 2, 2), (1, 32, 8, 1), *one_warp, (1, 64, 4, 1)],
+        "transposing": [(2, 64, 1, 1), (1, 64, 1, 1), (2, 64, 2, 1), (1, 128, 1, 2), (2, 64, 1, 2), (2, 32, 1, 1),
+                        (4, 32, 1, 1), (2, 128, 1, 1)],
+    }
     default = dict(tri.TILES)
     for name, (M, K, G) in probs.items():
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
         offs = torch.cumsum(uneven_counts(G, M), 0, dtype=torch.int32)  # [M] for one group
-        dst = torch.empty_like(x)
-        copy_ms = do_bench(lambda: dst.copy_(x), return_mode="median")
-        qdq_groups = [("qdq", lambda: tri.quantize_dequantize_groups(x, offs))]
-        transposing = [("groups_along_tokens_blocked", lambda: tri.quantize_groups_blocked(x, offs))]
+        copy_ms = do_bench(partial(torch.empty_like(x).copy_, x), return_mode="median")
+        qdq_groups = [("qdq", partial(tri.quantize_dequantize_groups, x, offs))]
+        transposing = [("groups_along_tokens_blocked", partial(tri.quantize_groups_blocked, x, offs))]
         cases = {"groups": qdq_groups, "transposing": transposing}
         if G == 1:
             w_EKN = x.view(1, M, K).transpose(-2, -1)
-            cases = {"rows": [("qdq", lambda: tri.quantize_dequantize(x, -1))],
-                     "cols": [("qdq", lambda: tri.quantize_dequantize(x, 0))], "one_group": qdq_groups,
-                     "transposing": [*transposing, ("weights_along_N_blocked", lambda: tri.quantize_weight_blocked(w_EKN))]}
+            cases = {"rows": [("qdq", partial(tri.quantize_dequantize, x, -1))],
+                     "cols": [("qdq", partial(tri.quantize_dequantize, x, 0))], "one_group": qdq_groups,
+                     "transposing": [*transposing,
+                                     ("weights_along_N_blocked", partial(tri.quantize_weight_blocked, w_EKN))]}
         for key, fns in cases.items():
             for cfg in configs[key]:
-                tri.TILES[key] = (*cfg, default[key][4])
+                tri.TILES[key] = tri.Tile(*cfg, band=default[key].band)
                 for what, fn in fns:
                     ms = do_bench(fn, return_mode="median")
                     # per element a copy moves 2 + 2 bytes, a qdq as many, a quantizer 2 + 1 + 1/32
@@ -100,28 +106,29 @@ def sweep_rowwise() -> None:
     for name, (M, K, G) in probs.items():
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
         offs = torch.cumsum(uneven_counts(G, M), 0, dtype=torch.int32)  # [M] for one group
-        dst = torch.empty_like(x)
-        copy_ms = do_bench(lambda: dst.copy_(x), return_mode="median")
+        copy_ms = do_bench(partial(torch.empty_like(x).copy_, x), return_mode="median")
+        amax, cast = partial(triton_rowwise.group_amax, x, offs), partial(triton_rowwise.quantize_groups, x, offs)
         for tile in amax_tiles:
             triton_rowwise.AMAX_TILE[:] = tile
-            ms = do_bench(lambda: triton_rowwise.group_amax(x, offs), return_mode="median")
+            ms = do_bench(amax, return_mode="median")
             print(f"{name:<16} amax tile={tile} {ms:7.3f} ms {copy_ms / 2 / ms:5.2f}x copy", flush=True)
         triton_rowwise.AMAX_TILE[:] = default[0]
-        amax_ms = do_bench(lambda: triton_rowwise.group_amax(x, offs), return_mode="median")
-        for tile in cast_tiles:
+        amax_ms = do_bench(amax, return_mode="median")
+        for tile in cast_tiles:  # quantize_groups runs the amax kernel, then the cast
             triton_rowwise.CAST_TILE[:] = tile
-            ms = do_bench(lambda: triton_rowwise.quantize_groups(x, offs), return_mode="median") - amax_ms
+            ms = do_bench(cast, return_mode="median") - amax_ms
             print(f"{name:<16} cast tile={tile} {ms:7.3f} ms {copy_ms * 0.75 / ms:5.2f}x copy", flush=True)
         triton_rowwise.CAST_TILE[:] = default[1]
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="benchmarks/results/quantize_h200.json")
     p.add_argument("--quick", action="store_true", help="16384x16384 only")
     p.add_argument("--sweep", action="store_true", help="time tile shapes of the quantize kernel, then exit")
     p.add_argument("--sweep-rowwise", action="store_true", help="the same for the rowwise weight-gradient kernels")
     args = p.parse_args()
+    require_gpu()
     if args.sweep or args.sweep_rowwise:
         sweep() if args.sweep else sweep_rowwise()
         return
@@ -131,7 +138,8 @@ def main() -> None:
         for kernel, fn, moved in cases(x, offs, w):
             ms = do_bench(fn, return_mode="median")
             GBps = moved / ms / 1e6
-            rows.append({"kernel": kernel, "shape": shape, "ms": ms, "GBps": GBps, "fraction_of_copy": GBps / copy_GBps})
+            rows.append({"kernel": kernel, "shape": shape, "ms": ms, "GBps": GBps,
+                         "fraction_of_copy": GBps / copy_GBps})
             print(f"{shape:>12} {kernel:<30} {ms:8.3f} ms {GBps:8.0f} GB/s {GBps / copy_GBps:6.2f}x copy", flush=True)
     save(args.out, copy_GBps, rows)
 

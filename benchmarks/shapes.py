@@ -1,9 +1,79 @@
-"""The MoE shapes of DESIGN §8 shared by the benchmarks: (experts E, model dim D, expert hidden F)."""
+"""What the benchmarks share: the four MoE shapes, the routed-expert block they time, and a small
+MoE model for compile time.
+
+A shape is (experts E, model dim D, expert hidden F). dsv3, l4scout and qwen3_30b take D and F
+from DeepSeek-V3, Llama 4 Scout and Qwen3-30B-A3B; fine64 is a fine-grained layer of 64 small
+experts. Each block gets TOKENS routed tokens in uneven groups.
+"""
+
+from __future__ import annotations
+
+import sys
 
 import torch
+import torch.nn as nn
+import torch.nn.functional as fn
 
 SHAPES = {"dsv3": (8, 7168, 2048), "l4scout": (4, 5120, 8192), "qwen3_30b": (16, 2048, 768), "fine64": (64, 2048, 1536)}
 TOKENS = 32768
+
+
+def require_gpu() -> None:
+    """Exit with a message on a machine without a CUDA GPU (the timings are of GPU kernels)."""
+    if not torch.cuda.is_available():
+        sys.exit(f"{sys.argv[0]}: needs a CUDA GPU")
+
+
+class GroupedExperts(nn.Module):
+    """SwiGLU routed experts in TorchTitan's layout: w1, w3 [E, F, D] and w2 [E, D, F], each used
+    through a `.transpose(-2, -1)` view in one `torch._grouped_mm`, the form the pass rewrites."""
+
+    def __init__(self, E: int, D: int, F: int) -> None:
+        super().__init__()
+        self.w1 = nn.Parameter(torch.randn(E, F, D) * D**-0.5)
+        self.w3 = nn.Parameter(torch.randn(E, F, D) * D**-0.5)
+        self.w2 = nn.Parameter(torch.randn(E, D, F) * F**-0.5)
+
+    def forward(self, x: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
+        offs = torch.cumsum(tokens_per_expert, dim=0, dtype=torch.int32)
+
+        def mm(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            return torch._grouped_mm(a, w.transpose(-2, -1), offs=offs)
+
+        return mm(fn.silu(mm(x, self.w1)) * mm(x, self.w3), self.w2)
+
+
+class MoELayer(nn.Module):
+    """x + MoE(RMSNorm(x)): a top-k softmax router, tokens sorted by expert into `GroupedExperts`,
+    outputs weighted by their router scores, plus an optional dense shared expert."""
+
+    def __init__(self, D: int, F: int, E: int, top_k: int, shared_expert: bool) -> None:
+        super().__init__()
+        self.E, self.top_k = E, top_k
+        self.norm = nn.RMSNorm(D)
+        self.router = nn.Linear(D, E, bias=False)
+        self.experts = GroupedExperts(E, D, F)
+        self.shared = (nn.Sequential(nn.Linear(D, F, bias=False), nn.SiLU(), nn.Linear(F, D, bias=False))
+                       if shared_expert else None)
+
+    def forward(self, x_BLD: torch.Tensor) -> torch.Tensor:
+        D = x_BLD.shape[-1]
+        x = self.norm(x_BLD).view(-1, D)
+        scores, chosen = torch.topk(self.router(x).float().softmax(-1), self.top_k)
+        chosen = chosen.view(-1)
+        order = torch.argsort(chosen, stable=True)
+        counts = torch.zeros(self.E, dtype=torch.int32, device=x.device).scatter_add(
+            0, chosen.int(), torch.ones_like(chosen, dtype=torch.int32))  # static shape, unlike bincount
+        routed = self.experts(x[order // self.top_k], counts)
+        out = torch.empty_like(routed).index_copy(0, order, routed).view(-1, self.top_k, D)
+        out = (out * scores.unsqueeze(-1).to(out.dtype)).sum(1)
+        if self.shared is not None:
+            out = out + self.shared(x)
+        return x_BLD + out.view_as(x_BLD)
+
+
+def moe_model(layers: int, D: int, F: int, E: int, top_k: int, shared_expert: bool) -> nn.Module:
+    return nn.Sequential(*(MoELayer(D, F, E, top_k, shared_expert) for _ in range(layers)))
 
 
 def uneven_counts(E: int, M: int) -> torch.Tensor:
@@ -18,8 +88,6 @@ def uneven_counts(E: int, M: int) -> torch.Tensor:
 def block_and_inputs(shape: str):
     """The bf16 MoE block of `shape` on the GPU (seed 0), its routed tokens x [TOKENS, D] (requiring
     grad), the uneven tokens per expert and a gradient for its output."""
-    from moe_model import GroupedExperts  # examples/ is on the path of every benchmark
-
     E, D, F = SHAPES[shape]
     torch.manual_seed(0)
     block = GroupedExperts(E, D, F).cuda().bfloat16()

@@ -10,8 +10,7 @@ accumulator in the epilogue equals the emulation's dequantize-then-multiply up t
 No host sync: `offs` is never read on the host. A program owns one [BM, BN] output tile within
 one group: row tiles are counted group after group up to the static bound cdiv(M, BM) + E, each
 program finds its group in a table built in registers, and those past the last tile exit.
-(A weight-gradient twin, 2d-2d, was slower than torch's kernel at 512 tokens per group and was
-removed; BENCHMARKS.md.)
+The weight gradient (2d-2d) has no twin here: `lowering/rowwise.py` says what runs it.
 
 On GPU the bytes are bitcast to float8 and fed to `tl.dot` as is; the interpreter has no float8
 arithmetic, so there they are decoded to fp32 in integer math and multiplied in IEEE fp32 (exact:
