@@ -73,10 +73,30 @@ def check_grouped_mm_args(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, 
         raise ValueError(f"offs has {offs.numel()} group ends but b has E={E} experts")
     if a.device != b.device or a.device != offs.device:
         raise ValueError(f"a, b and offs must be on one device, got {a.device}, {b.device}, {offs.device}")
-    if not torch.compiler.is_compiling() and offs.numel():
-        # values are unknown while tracing; in eager this reads offs (a host sync on GPU)
-        ends = offs.cpu()
-        if bool((ends[1:] < ends[:-1]).any()) or int(ends[0]) < 0:
-            raise ValueError(f"offs must be non-decreasing group ends, got {ends.tolist()}")
-        if int(ends[-1]) > a.shape[0]:
-            raise ValueError(f"offs[-1]={int(ends[-1])} is past M={a.shape[0]}")
+    check_offs_values(offs, a.shape[0])
+
+
+def check_offs(offs: Any, rows: int) -> None:
+    """Raise ValueError unless `offs` is a non-empty 1-D int32 tensor of valid group ends for
+    `rows` rows (values too, outside compiled graphs: a host sync on GPU)."""
+    if not isinstance(offs, torch.Tensor):
+        raise ValueError(f"offs must be a 1-D int32 tensor of group ends, got {type(offs).__name__}")
+    problem = _offs_problem(offs)
+    if problem:
+        raise ValueError(problem)
+    if offs.numel() == 0:
+        raise ValueError("offs must hold at least one group end")
+    check_offs_values(offs, rows)
+
+
+def check_offs_values(offs: torch.Tensor, rows: int) -> None:
+    """Raise ValueError unless the group ends are non-decreasing within [0, rows]. Values are
+    unknown while tracing: compiled graphs rely on the kernels' clamping (docs/design.md,
+    "Group ends")."""
+    if torch.compiler.is_compiling() or not offs.numel():
+        return
+    ends = offs.cpu()
+    if bool((ends[1:] < ends[:-1]).any()) or int(ends[0]) < 0:
+        raise ValueError(f"offs must be non-decreasing group ends, got {ends.tolist()}")
+    if int(ends[-1]) > rows:
+        raise ValueError(f"offs[-1]={int(ends[-1])} is past the {rows} rows")

@@ -181,6 +181,16 @@ def test_gemms_without_gradient_are_reported_as_not_computed():
     assert "mxfp8.grouped_mm_dgrad" in report.aot_graphs[-1]
 
 
+def test_no_grad_reports_no_backward_gemms():
+    """Under no_grad there is no backward graph: the gradient GEMMs are not computed, not rewritten."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        report = mx.explain(MoEModel().bfloat16(), torch.randn(2, 32, 64, dtype=torch.bfloat16))
+    assert {(s.role, s.action) for s in report.sites} == {
+        ("forward", "rewritten"), ("input-grad", "not computed"), ("weight-grad", "not computed")}
+    assert all("grad mode off" in s.reason for s in report.sites if s.role != "forward")
+
+
 def test_include_patterns_select_sites():
     torch.manual_seed(0)
     report = mx.explain(MoEModel(layers=2).bfloat16(), torch.randn(1, 8, 64, dtype=torch.bfloat16),

@@ -4,13 +4,17 @@ Contract (docs/design.md, "Numerics contract"): blocks of 32 contiguous elements
 float8_e8m0fnu scale per block, float8_e4m3fn data.
 - RCEIL: scale = 2^ceil(log2(amax / 448)); FLOOR: scale = 2^(floor(log2(amax)) - 8).
   Both exponents are computed exactly from amax's float32 bits (no log2 or division rounding).
-- Biased exponents are clamped to [0, 254]; a block holding NaN or inf gets byte 255 (NaN).
+- Biased exponents are clamped to [0, MAX_FINITE_BYTE = 246]; a block holding NaN or inf gets
+  byte 255 (NaN). At RCEIL's byte 247 (2^120) a block max near the float32 limit rounds to
+  256 * 2^120 = 2^128, which dequantizes to inf; at 246 it saturates to 448 * 2^119 instead, as
+  FLOOR does, so every finite input dequantizes to a finite value.
 - data = saturate_e4m3(x * 2^(127 - byte)), computed in float32 (exact: the factor is a power of two);
   byte 0 (zero or tiny blocks) therefore stores x * 2^127, never flushed.
 - Grouped variants block along the token dim inside each group: a block never straddles two
   groups and a group's last block may be short.
 
 These functions may synchronise with the host (they read `offs`); the Triton kernels do not.
+Group ends pass through `group_ends` first, as in the kernels.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import torch
 from ..options import check_choice
 
 BLOCK = 32
+MAX_FINITE_BYTE = 246  # the largest scale byte of a finite block (see the module docstring)
 E4M3_MAX = 448.0
 
 _MANT_MASK = 0x7FFFFF
@@ -37,12 +42,12 @@ def scale_exponent(amax: torch.Tensor, rounding: str) -> torch.Tensor:
     biased = ((bits >> 23) & 0xFF) - 8
     if rounding == "rceil":
         biased = biased + ((bits & _MANT_MASK) > _E4M3_MAX_MANT).int()
-    biased = biased.clamp(0, 254)
+    biased = biased.clamp(0, MAX_FINITE_BYTE)
     return torch.where(torch.isfinite(amax), biased, torch.full_like(biased, 255))
 
 
 def inv_scale(biased: torch.Tensor) -> torch.Tensor:
-    """2^(127 - byte) as float32 (always a normal number: finite blocks have byte <= 247); 1 for NaN."""
+    """2^(127 - byte) as float32 (always a normal number: finite blocks have byte <= 246); 1 for NaN."""
     bits = torch.where(biased < 255, (254 - biased) << 23, 127 << 23)
     return bits.int().view(torch.float32)
 
@@ -130,6 +135,13 @@ def check_offs(offs: torch.Tensor) -> None:
         raise ValueError("offs must hold at least one group end")
 
 
+def group_ends(offs: torch.Tensor, rows: int) -> torch.Tensor:
+    """The group ends every path uses (docs/design.md, "Group ends"): each clamped into [0, rows]
+    and raised to the running maximum, so that no group is negative or runs past the rows there
+    are. Valid `offs` are unchanged. No host sync."""
+    return torch.cummax(offs.clamp(0, rows), 0).values.to(torch.int32)
+
+
 def _group_bounds(offs: torch.Tensor) -> list[tuple[int, int]]:
     ends = offs.tolist()
     return list(zip([0] + ends[:-1], ends))
@@ -158,6 +170,7 @@ def quantize_groups(
     check_choice("rounding", rounding)
     check_offs(offs)
     M, K = x_MK.shape
+    offs = group_ends(offs, M)
     data_MK = torch.zeros(M, K, dtype=torch.float8_e4m3fn, device=x_MK.device)
     biased_SK = torch.zeros(group_scale_rows(M, offs.numel()), K, dtype=torch.int32, device=x_MK.device)
     for start, end, row, nblk in _group_blocks(offs):
@@ -175,6 +188,7 @@ def dequantize_groups(
 ) -> torch.Tensor:
     """Inverse of `quantize_groups`; rows past offs[-1] are 0."""
     M, K = data_MK.shape
+    offs = group_ends(offs, M)
     out = torch.zeros(M, K, dtype=dtype, device=data_MK.device)
     for start, end, row, nblk in _group_blocks(offs):
         scale = e8m0_to_float(scales_SK[row : row + nblk]).repeat_interleave(BLOCK, dim=0)[: end - start]
@@ -225,11 +239,13 @@ def to_blocked(scales: torch.Tensor) -> torch.Tensor:
     raise ValueError(f"to_blocked takes 2-D or 3-D scales, got {scales.dim()}-D")
 
 
-def blocked_group_starts(offs: torch.Tensor, along: str) -> torch.Tensor:
-    """Start of each group's tiles in a grouped blocked buffer (G+1 entries, int32, no host sync).
+def blocked_group_starts(offs: torch.Tensor, along: str, rows: int) -> torch.Tensor:
+    """Start of each group's tiles in a grouped blocked buffer (G+1 entries, int32, no host sync),
+    for `rows` token rows.
 
     along="rows": in rows, multiples of 128; along="cols": in columns, multiples of 4.
     """
+    offs = group_ends(offs, rows)
     sizes = torch.diff(offs, prepend=offs.new_zeros(1))
     if along == "rows":
         padded = (sizes + 127) // 128 * 128
@@ -256,7 +272,8 @@ def to_blocked_groups(
         raise ValueError(f"to_blocked_groups takes 2-D scales, got {scales.dim()}-D")
     rows, cols = scales.shape
     G = offs.numel()
-    starts = blocked_group_starts(offs, along)
+    offs = group_ends(offs, rows if along == "rows" else cols * BLOCK)
+    starts = blocked_group_starts(offs, along, rows if along == "rows" else cols * BLOCK)
     src = scales.view(torch.uint8)
     if along == "rows":
         Wp = _round_up(cols, 4)
@@ -316,6 +333,7 @@ def quantize_groups_blocked(
     scales blocked per group ("cols"). Returns (data_KMp, scales, padded_offs)."""
     M, K = x_MK.shape
     G = offs.numel()
+    offs = group_ends(offs, M)
     data_MK, scales_SK = quantize_groups(x_MK, offs, rounding)
     padded = padded_group_offs(offs)
     data_KMp = torch.zeros(K, _round_up(M, BLOCK) + BLOCK * G, dtype=torch.uint8, device=x_MK.device)

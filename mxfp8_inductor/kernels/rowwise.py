@@ -13,7 +13,15 @@ from __future__ import annotations
 
 import torch
 
-from .reference import E4M3_MAX, check_float, exponent_to_float, inv_scale, padded_group_offs, scale_exponent
+from .reference import (
+    E4M3_MAX,
+    check_float,
+    exponent_to_float,
+    group_ends,
+    inv_scale,
+    padded_group_offs,
+    scale_exponent,
+)
 
 # tokens per group in the weight-gradient operands: torch's FP8 grouped GEMM needs every group
 # along the contraction to span a multiple of 16 bytes
@@ -45,7 +53,7 @@ def group_amax(x_MK: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """amax_GK: per token group and column, max |x| over the group's rows (NaN counts as inf)."""
     M, K = x_MK.shape
     G = offs.numel()
-    gid_M = _group_ids(offs, M)
+    gid_M = _group_ids(group_ends(offs, M), M)
     ax_MK = x_MK.float().abs()
     ax_MK = torch.where(ax_MK.isnan(), float("inf"), ax_MK)
     amax = torch.zeros(G + 1, K, device=x_MK.device)  # row G collects the rows past offs[-1]
@@ -68,6 +76,7 @@ def quantize_groups(
     """
     check_float(x_MK)
     M, G = x_MK.shape[0], offs.numel()
+    offs = group_ends(offs, M)
     biased_GK = scale_exponent(group_amax(x_MK, offs), rounding)
     padded_ends = padded_group_offs(offs, ALIGN)
     j = torch.arange(padded_rows(M, G), device=x_MK.device, dtype=torch.int32)

@@ -10,13 +10,31 @@ import triton.language as tl
 
 
 @triton.jit
-def group_table(ends_ptr, G: tl.constexpr, GP: tl.constexpr, UNIT: tl.constexpr):
-    """Group table in registers from the G group ends (GP = next power of two lanes): each group's
-    start and end row and its end in units, a group spanning ceil(size / UNIT) units (32-row
-    blocks, or padded row chunks). Computed by every program: cheaper than host ops per call."""
+def _max(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def group_ends(ends_ptr, G: tl.constexpr, GP: tl.constexpr, LIMIT, SHIFT: tl.constexpr):
+    """The G group ends (lane i holds end i - SHIFT; 0 past G and before 0) as the kernels use
+    them: each clamped into [0, LIMIT] and raised to the running maximum, so that groups are never
+    negative and never pass the rows there are. `offs` cannot be checked on the host without a
+    sync, and in compiled graphs not at all: this keeps every read and write in bounds whatever
+    it holds (valid `offs` are unchanged)."""
     i = tl.arange(0, GP)
-    end = tl.load(ends_ptr + i, mask=i < G, other=0)
-    start = tl.load(ends_ptr + i - 1, mask=(i > 0) & (i < G), other=0)
+    raw = tl.load(ends_ptr + i - SHIFT, mask=(i >= SHIFT) & (i < G), other=0).to(tl.int32)
+    ends = tl.associative_scan(tl.minimum(tl.maximum(raw, 0), LIMIT), 0, _max)
+    return tl.where(i < G, ends, 0)
+
+
+@triton.jit
+def group_table(ends_ptr, G: tl.constexpr, GP: tl.constexpr, UNIT: tl.constexpr, LIMIT):
+    """Group table in registers from the G group ends (GP = next power of two lanes), made safe
+    by `group_ends` for LIMIT rows: each group's start and end row and its end in units, a group
+    spanning ceil(size / UNIT) units (32-row blocks, or padded row chunks). Computed by every
+    program: cheaper than host ops per call."""
+    end = group_ends(ends_ptr, G, GP, LIMIT, 0)
+    start = group_ends(ends_ptr, G, GP, LIMIT, 1)
     return start, end, tl.cumsum((end - start + UNIT - 1) // UNIT, 0)
 
 
@@ -49,7 +67,7 @@ def scale_exponent(amax, RCEIL: tl.constexpr):
     biased = ((bits >> 23) & 0xFF) - 8
     if RCEIL:
         biased += ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)
-    biased = tl.minimum(tl.maximum(biased, 0), 254)
+    biased = tl.minimum(tl.maximum(biased, 0), 246)  # reference.MAX_FINITE_BYTE
     return tl.where(amax == float("inf"), 255, biased)
 
 

@@ -90,7 +90,7 @@ def _gemm_2d3d_kernel(
     programs in flight share a few A row tiles and one expert's B in L2."""
     n_tiles = tl.cdiv(N, BN)
     pid = tl.program_id(0) // n_tiles
-    starts, ends, tile_ends = group_table(offs_ptr, E, EP, BM)
+    starts, ends, tile_ends = group_table(offs_ptr, E, EP, BM, M)
     if pid >= tl.max(tile_ends, 0):
         return
     g = group_of(tile_ends, E, pid + tl.zeros([1], dtype=tl.int32))  # a 1-lane block: the helpers take blocks

@@ -31,6 +31,7 @@ from .triton_common import (
     cdiv,
     e4m3_decode,
     e8m0_to_float,
+    group_ends,
     group_of,
     group_table,
     inv_scale,
@@ -81,10 +82,10 @@ def _band_order(pid, n_r, n_c, BAND: tl.constexpr):
 
 
 @triton.jit
-def _scale_group_bounds(ends_ptr, G: tl.constexpr, GP: tl.constexpr, MODE: tl.constexpr):
+def _scale_group_bounds(ends_ptr, G: tl.constexpr, GP: tl.constexpr, LIMIT, MODE: tl.constexpr):
     """Each scale group's first and end index in lanes, from the G group row ends in memory: in
     32-row blocks (BLOCKED_COL: groups along the blocks) or in rows (BLOCKED_ROW)."""
-    starts, ends, blk_ends = group_table(ends_ptr, G, GP, 32)
+    starts, ends, blk_ends = group_table(ends_ptr, G, GP, 32, LIMIT)
     if MODE == 1:
         starts, ends = blk_ends - (ends - starts + 31) // 32, blk_ends
     return starts, ends
@@ -158,10 +159,10 @@ def _mx_quant_kernel(
     rr = tl.arange(0, 32)
     if pid >= n_main:
         if PAD_Y:  # y's rows: every group padded to whole blocks, then up to R_y
-            _, _, blk_ends = group_table(r_ends_ptr, R_GROUPS, R_GROUPS_P2, 32)
+            _, _, blk_ends = group_table(r_ends_ptr, R_GROUPS, R_GROUPS_P2, 32, R)
             last = tl.max(blk_ends, 0) * 32
         else:
-            last = tl.load(r_ends_ptr + R_GROUPS - 1).to(tl.int32)  # (a dummy pointer of any type when ungrouped)
+            last = tl.max(group_ends(r_ends_ptr, R_GROUPS, R_GROUPS_P2, R, 0), 0).to(tl.int32)
         zero = tl.zeros([NB, 32, BLOCK_C], dtype=y_ptr.dtype.element_ty)
         r0 = last + (pid - n_main) * NB * 32
         while r0 < R_y:  # not a range: the interpreter's scalars are 1-element arrays, not indices
@@ -174,7 +175,7 @@ def _mx_quant_kernel(
     else:
         jb = pid * NB + tl.arange(0, NB)
         if GROUPED:
-            starts, ends, blk_ends = group_table(r_ends_ptr, R_GROUPS, R_GROUPS_P2, 32)
+            starts, ends, blk_ends = group_table(r_ends_ptr, R_GROUPS, R_GROUPS_P2, 32, R)
             g = group_of(blk_ends, R_GROUPS, jb)
             row0 = lane_value(starts, g)
             g_end = lane_value(ends, g)
@@ -201,7 +202,8 @@ def _mx_quant_kernel(
         if SCALE_MODE == 0:
             s_first, s_end = jb, jb  # unread: plain scales take strides
         else:
-            s_first, s_end = _scale_group_bounds(s_ends_ptr, S_GROUPS, S_GROUPS_P2, SCALE_MODE)
+            s_first, s_end = _scale_group_bounds(s_ends_ptr, S_GROUPS, S_GROUPS_P2, R if SCALE_MODE == 1 else C,
+                                                 SCALE_MODE)
         for t in range(CITERS):
             c = (pid_c * CITERS + t) * BLOCK_C + tl.arange(0, BLOCK_C)
             c_ok = c < C
@@ -253,7 +255,7 @@ def _to_blocked_kernel(
     col = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
     m = (col < cols)[:, None] & (row < rows)[None, :]
     v = tl.load(s_ptr + b * ss_b + row[None, :] * ss_r + col[:, None] * ss_c, mask=m)
-    first, end = _scale_group_bounds(ends_ptr, G, GP, MODE)
+    first, end = _scale_group_bounds(ends_ptr, G, GP, rows if MODE == 2 else cols * 32, MODE)
     offs, ok = _scale_offsets(b, row, col, 0, 0, 0, first, end, G, Hp, Wp, MODE)
     tl.store(out_ptr + offs, v, mask=m & ok)
 
@@ -540,7 +542,8 @@ def quantize_groups_blocked(
     S = ref.group_scale_rows(M, G)
     buf = torch.zeros(Hp, S + 4 * G, dtype=torch.uint8, device=x_MK.device)
     # the kernel writes the padded group ends; an empty x launches no kernel
-    padded_offs = torch.empty(G, dtype=torch.int32, device=x_MK.device) if M * K else ref.padded_group_offs(offs)
+    padded_offs = (torch.empty(G, dtype=torch.int32, device=x_MK.device) if M * K
+                   else ref.padded_group_offs(ref.group_ends(offs, M)))
     _launch_quant(_view3(x_MK, 0), _view3(data, 1), rounding, dequant=False,
                   scale_mode=BLOCKED_COL, r_ends=offs, padded_ends=padded_offs, Hp=Hp, scale_buf=buf)
     return data.view(torch.float8_e4m3fn), buf.view(torch.float8_e8m0fnu), padded_offs
@@ -572,7 +575,7 @@ def to_blocked_groups(
         raise ValueError(f"to_blocked_groups takes 2-D scales, got {scales.dim()}-D")
     rows, cols = scales.shape
     G = offs.numel()
-    starts = ref.blocked_group_starts(offs, along)
+    starts = ref.blocked_group_starts(offs, along, rows if along == "rows" else cols * ref.BLOCK)
     s3 = scales.view(torch.uint8).unsqueeze(0)
     if along == "rows":
         Wp = ref._round_up(cols, 4)

@@ -16,6 +16,7 @@ from .triton_common import (
     as_bits,
     cdiv,
     e8m0_to_float,
+    group_ends,
     group_of,
     group_table,
     inv_scale,
@@ -35,7 +36,7 @@ CAST_TILE = [128, 8, 4]
 
 @triton.jit
 def _group_amax_kernel(
-    x_ptr, sx_m, offs_ptr, out_ptr, K, G: tl.constexpr, GP: tl.constexpr,
+    x_ptr, sx_m, offs_ptr, out_ptr, M, K, G: tl.constexpr, GP: tl.constexpr,
     CHUNK: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
 ):
     """Program (c, q): columns q*BK.. of rows c*CHUNK.., split where groups end; each group's
@@ -45,8 +46,8 @@ def _group_amax_kernel(
     c = tl.program_id(0) * CHUNK
     k = tl.program_id(1) * BK + tl.arange(0, BK)
     i = tl.arange(0, GP)
-    ends = tl.load(offs_ptr + i, mask=i < G, other=0)
-    stop = tl.minimum(c + CHUNK, tl.load(offs_ptr + G - 1))  # rows past offs[-1] belong to no group
+    ends = group_ends(offs_ptr, G, GP, M, 0)
+    stop = tl.minimum(c + CHUNK, tl.max(ends, 0))  # rows past offs[-1] belong to no group
     r0 = c
     while r0 < stop:  # once per group met; not range(): the interpreter cannot take loaded bounds
         g = tl.sum(((ends <= r0) & (i < G)).to(tl.int32), 0)  # the group holding row r0
@@ -75,18 +76,18 @@ def group_amax(x_MK: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     tensors = (as_bits(x_MK), offs, out)
     key = (_group_amax_kernel, M, K, x_MK.stride(0), G, tile)
     launch_keyed(key, tensors, lambda: (
-        _group_amax_kernel, (cdiv(M, chunk), cdiv(K, bk)), (tensors[0], x_MK.stride(0), offs, out, K),
+        _group_amax_kernel, (cdiv(M, chunk), cdiv(K, bk)), (tensors[0], x_MK.stride(0), offs, out, M, K),
         dict(G=G, GP=pow2(G), CHUNK=chunk, BM=bm, BK=bk, num_warps=warps),
     ))
     return out.view(torch.float32)
 
 
 @triton.jit
-def _padded_token_source(offs_ptr, j, G: tl.constexpr, GP: tl.constexpr, ALIGN: tl.constexpr):
+def _padded_token_source(offs_ptr, j, M, G: tl.constexpr, GP: tl.constexpr, ALIGN: tl.constexpr):
     """For padded token columns j of a weight-gradient operand (each group's tokens padded to a
     multiple of ALIGN): the group of each (G past the last), its source row in x, whether that
     row holds a token (not padding), and every group's padded end in units of ALIGN."""
-    starts, ends, chunk_ends = group_table(offs_ptr, G, GP, ALIGN)
+    starts, ends, chunk_ends = group_table(offs_ptr, G, GP, ALIGN, M)
     g = group_of(chunk_ends, G, j // ALIGN)
     start, end = lane_value(starts, g), lane_value(ends, g)
     src = start + j - (lane_value(chunk_ends, g) - (end - start + ALIGN - 1) // ALIGN) * ALIGN
@@ -95,7 +96,7 @@ def _padded_token_source(offs_ptr, j, G: tl.constexpr, GP: tl.constexpr, ALIGN: 
 
 @triton.jit
 def _cast_groups_t_kernel(
-    x_ptr, sx_m, offs_ptr, amax_ptr, y_ptr, scales_ptr, padded_ends_ptr, K, Mp,
+    x_ptr, sx_m, offs_ptr, amax_ptr, y_ptr, scales_ptr, padded_ends_ptr, M, K, Mp,
     G: tl.constexpr, GP: tl.constexpr, ALIGN: tl.constexpr, RCEIL: tl.constexpr,
     HW_CVT: tl.constexpr, BK: tl.constexpr, KITERS: tl.constexpr,
 ):
@@ -108,7 +109,7 @@ def _cast_groups_t_kernel(
     scales of their features, program (0, 0) the padded group ends: the whole operand comes from
     this kernel and the amax one, with no host ops between them."""
     j = tl.program_id(0) * (2 * ALIGN) + tl.arange(0, 2 * ALIGN)
-    g, src, row_ok, chunk_ends = _padded_token_source(offs_ptr, j, G, GP, ALIGN)
+    g, src, row_ok, chunk_ends = _padded_token_source(offs_ptr, j, M, G, GP, ALIGN)
     x_row = x_ptr + src.to(tl.int64) * sx_m
     # each group holding a token spans whole ALIGN-token chunks, so these 2 * ALIGN columns hold
     # the tokens of at most two groups, the first column's and the last token's: two scale rows
@@ -155,7 +156,7 @@ def quantize_groups(
     key = (_cast_groups_t_kernel, M, K, x_MK.stride(0), G, rounding, tile)
     launch_keyed(key, tensors, lambda: (
         _cast_groups_t_kernel, (cdiv(Mp, 2 * rowwise.ALIGN), cdiv(K, bk * kiters)),
-        (tensors[0], x_MK.stride(0), offs, amax_GK, data_KMp, scales_GK, padded_ends, K, Mp),
+        (tensors[0], x_MK.stride(0), offs, amax_GK, data_KMp, scales_GK, padded_ends, M, K, Mp),
         dict(G=G, GP=pow2(G), ALIGN=rowwise.ALIGN, RCEIL=rounding == "rceil",
              HW_CVT=x_MK.is_cuda, BK=bk, KITERS=kiters, num_warps=warps),
     ))

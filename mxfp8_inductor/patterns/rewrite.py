@@ -57,7 +57,9 @@ def _rows(site: Site, node_name: str, action: str, reason: str, config: MXFP8Con
     rows = []
     for role in ROLES:
         act, why = action, reason
-        if action == "rewritten" and role == "input-grad" and not _needs_grad(site.a):
+        if action == "rewritten" and role != "forward" and not _needs_grad(site.node):
+            act, why = "not computed", "the output needs no gradient (grad mode off, or no input requires one)"
+        elif action == "rewritten" and role == "input-grad" and not _needs_grad(site.a):
             act, why = "not computed", "the tokens need no gradient"
         elif action == "rewritten" and role == "weight-grad" and not _needs_grad(site.b):
             act, why = "not computed", "the weight needs no gradient"

@@ -118,10 +118,11 @@ def test_bf16_max_block():
     assert data.float()[0, 7].item() == 448.0 and u8(data)[0, 7].item() == 0x7E
     out = dequantize(data, scales, dtype=torch.float32)
     assert out[0, 7].item() == 1.75 * 2.0**127
-    # RCEIL: max / 448 = 1.138 * 2^119 -> ceil gives 2^120, byte 247; max / 2^120 = 255 rounds to 256
+    # RCEIL: max / 448 = 1.138 * 2^119 -> ceil would give 2^120 (byte 247), where max / 2^120 = 255
+    # rounds to 256 and dequantizes to 2^128 = inf; the scale is capped at byte 246, as FLOOR's
     data, scales = quantize(x, rounding="rceil")
-    assert u8(scales).tolist() == [[247]]
-    assert data.float()[0, 7].item() == 256.0 and u8(data)[0, 7].item() == 0x78
+    assert u8(scales).tolist() == [[246]]
+    assert data.float()[0, 7].item() == 448.0 and u8(data)[0, 7].item() == 0x7E
     # the 1.0 elements underflow to 0 with either scale (1 * 2^-120 < e4m3's smallest 2^-9)
     assert (data.float()[0, :7] == 0).all()
 
@@ -473,3 +474,15 @@ def test_rceil_scale_is_ceil_log2_over_sampled_values():
         floor = u8(quantize(x, rounding="floor")[1]).item()
         assert rceil == 127 + math.ceil(math.log2(a_bf / 448)), a_bf
         assert floor == 127 + math.floor(math.log2(a_bf)) - 8, a_bf
+
+
+@pytest.mark.parametrize("rounding", ["rceil", "floor"])
+def test_block_max_near_float32_limit_dequantizes_finite(rounding):
+    """RCEIL would pick 2^120 for a block max of 3.38e38 and round it to 256 * 2^120 = inf; the
+    capped scale 2^119 saturates it to 448 * 2^119, the same as FLOOR."""
+    x = torch.zeros(2, 32)
+    x[0, 0], x[0, 1], x[1, 0] = 3.38e38, -1.0, torch.finfo(torch.float32).max
+    data, scales = quantize(x, -1, rounding)
+    assert u8(scales).tolist() == [[246], [246]]
+    y = dequantize(data, scales, -1, torch.float32)
+    assert torch.isfinite(y).all() and y[0, 0].item() == 448 * 2.0**119 == y[1, 0].item()
