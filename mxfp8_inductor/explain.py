@@ -68,7 +68,8 @@ def explain(model: torch.nn.Module, *args: Any, options: dict[str, Any] | None =
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
-    marked = any(registry.lookup(p) is not None for p in model.parameters())
+    marks = registry.marked_params()
+    marked = any(registry.lookup(p, marks) is not None for p in model.parameters())
     config = MXFP8Config.from_options(options) if options is not None or not marked else None
     sites: list[SiteReport] = []
     graphs: list[str] = []

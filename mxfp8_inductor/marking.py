@@ -4,6 +4,7 @@ the whole model or of each block, rewrites that model's grouped matmuls and nobo
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any, TypeVar
 
 import torch
@@ -17,6 +18,24 @@ M = TypeVar("M", bound=torch.nn.Module)
 _SUBCLASSES: dict[tuple[type, frozenset[str]], type] = {}
 
 
+class _MarkedModule:
+    """Mixed into the guard subclasses: copies (deepcopy, pickle) rebuild as the guard class by
+    name of their base, not by the guard's own (which is made at run time), and stay marked."""
+
+    def __reduce_ex__(self, protocol):
+        _, _, *rest = super().__reduce_ex__(protocol)
+        return (_new_guarded, (self._mxfp8_base, self._mxfp8_kept_bf16), *rest)
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        registry.adopt(self)
+
+
+def _new_guarded(base: type, kept: frozenset[str]) -> Any:
+    cls = _guard_class(base, kept)
+    return cls.__new__(cls)
+
+
 def _guard_class(cls: type, kept: frozenset[str]) -> type:
     """A subclass of `cls` that Dynamo's type guards tell apart from `cls` and from other
     decisions: per-block compile otherwise reuses one compiled graph for every instance of a
@@ -25,21 +44,31 @@ def _guard_class(cls: type, kept: frozenset[str]) -> type:
     if key not in _SUBCLASSES:
         attrs = {"__module__": cls.__module__, "__qualname__": cls.__qualname__,
                  "_mxfp8_base": cls, "_mxfp8_kept_bf16": kept}
-        _SUBCLASSES[key] = type(cls.__name__, (cls,), attrs)
+        _SUBCLASSES[key] = type(cls.__name__, (_MarkedModule, cls), attrs)
     return _SUBCLASSES[key]
 
 
 def _mark(model: M, config: MXFP8Config) -> M:
+    experts = [(fqn, f"{fqn}.{name}" if fqn else name) for fqn, module in model.named_modules()
+               for name, p in module.named_parameters(recurse=False) if p.dim() == 3]
+    for message in config.unmatched(experts):
+        warnings.warn(f"{message} in {type(model).__name__}", stacklevel=3)
     for module_fqn, module in model.named_modules():
-        kept = []
-        for name, param in module.named_parameters(recurse=False):
-            fqn = f"{module_fqn}.{name}" if module_fqn else name
-            registry.register(param, fqn, config)
-            if param.dim() == 3 and not config.decide(module_fqn, fqn)[0]:
-                kept.append(name)
-        if any(p.dim() == 3 for p in module.parameters(recurse=False)):
-            base = getattr(type(module), "_mxfp8_base", type(module))
+        params = dict(module.named_parameters(recurse=False))
+        if not any(p.dim() == 3 for p in params.values()):
+            continue
+        kept = [name for name, p in params.items()
+                if p.dim() == 3 and not config.decide(module_fqn, f"{module_fqn}.{name}" if module_fqn else name)[0]]
+        registry.mark(module, module_fqn, config)
+        base = getattr(type(module), "_mxfp8_base", None)
+        if base is None:
+            module.__class__ = _guard_class(type(module), frozenset(kept))
+        elif type(module) in _SUBCLASSES.values():
             module.__class__ = _guard_class(base, frozenset(kept))
+        elif type(module)._mxfp8_kept_bf16 != frozenset(kept):
+            # a class made on top of ours (FSDP2's): its graphs cannot be told apart per decision
+            raise ValueError(f"{module_fqn} was marked, then wrapped ({type(module).__name__}), then marked "
+                             "with other include/exclude options: mark it once, before or after wrapping")
     install_marked_model_pass()
     return model
 
@@ -48,10 +77,12 @@ def mxfp8(target: Any = None, /, **options: Any) -> Any:
     """Mark a model for MXFP8 rewriting by `torch.compile`.
 
     `mxfp8(model, exclude=[...])` marks an instance; `@mxfp8(exclude=[...])` on an nn.Module
-    class marks every instance when it is built. Options as for backend="mxfp8" (include,
-    exclude, recipe, rounding, wgrad); FQNs are relative to the marked model, also when each
-    block is compiled on its own. Expert modules (those owning 3-D parameters) get a subclass
-    of their class so compiled graphs are not shared with unmarked models or other decisions.
+    class marks every instance of it and of its subclasses when built. Options as for
+    backend="mxfp8" (include, exclude, recipe, rounding, wgrad); FQNs are relative to the marked
+    model, also when each block is compiled on its own. The mark survives deepcopy, pickling,
+    `load_state_dict(assign=True)`, swapped tensors and FSDP2. Expert modules (those owning 3-D
+    parameters) get a subclass of their class so compiled graphs are not shared with unmarked
+    models or other decisions.
     """
     config = MXFP8Config.from_options(options)
     if target is None:
@@ -59,14 +90,36 @@ def mxfp8(target: Any = None, /, **options: Any) -> Any:
     if isinstance(target, torch.nn.Module):
         return _mark(target, config)
     if isinstance(target, type) and issubclass(target, torch.nn.Module):
-        init = target.__init__
-
-        @functools.wraps(init)
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            init(self, *args, **kwargs)
-            if type(self).__init__ is __init__:  # the outermost __init__ of this class, not a subclass's
-                _mark(self, config)
-
-        target.__init__ = __init__
+        _mark_on_init(target, config)
         return target
     raise TypeError(f"mxfp8() marks an nn.Module instance or class, got {type(target).__name__}")
+
+
+def _mark_on_init(cls: type, config: MXFP8Config) -> None:
+    """Wrap `cls.__init__`, and the `__init__` of every subclass defined later, so that the
+    outermost `__init__` of an instance marks it when it returns."""
+
+    def wrap(init):
+        @functools.wraps(init)
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            depth = self.__dict__.get("_mxfp8_init_depth", 0)
+            self.__dict__["_mxfp8_init_depth"] = depth + 1
+            try:
+                init(self, *args, **kwargs)
+            finally:
+                self.__dict__["_mxfp8_init_depth"] = depth
+            if depth == 0:
+                del self.__dict__["_mxfp8_init_depth"]
+                _mark(self, config)
+
+        return __init__
+
+    cls.__init__ = wrap(cls.__init__)
+    parent_hook = cls.__init_subclass__
+
+    def __init_subclass__(sub, **kwargs: Any) -> None:
+        parent_hook.__func__(sub, **kwargs) if hasattr(parent_hook, "__func__") else parent_hook(**kwargs)
+        if "__init__" in sub.__dict__:
+            sub.__init__ = wrap(sub.__dict__["__init__"])
+
+    cls.__init_subclass__ = classmethod(__init_subclass__)

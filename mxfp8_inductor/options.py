@@ -4,6 +4,7 @@ imports nothing from the package, so reading options registers no ops."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import fnmatch
 import json
 import re
@@ -97,6 +98,19 @@ class MXFP8Config:
                 return False, f"matches no include pattern {list(self.include)}"
             return True, f"included by {hit!r}"
         return True, "routed-expert grouped GEMM"
+
+    def unmatched(self, fqns: Iterable[tuple[str | None, str | None]]) -> list[str]:
+        """Warnings for the include/exclude patterns that match none of these (module FQN, weight
+        FQN) pairs, each naming the closest FQNs there are."""
+        names = sorted({n for m, w in fqns for n in _candidates(m, w)})
+        out = []
+        for kind, patterns in (("include", self.include), ("exclude", self.exclude)):
+            for pattern in patterns:
+                if not _first_match((pattern,), names):
+                    close = difflib.get_close_matches(pattern, names, n=3, cutoff=0.0)
+                    out.append(f"mxfp8 {kind} pattern {pattern!r} matches no grouped-matmul site; closest FQNs: "
+                               f"{close or 'none'}")
+        return out
 
 
 def _candidates(module_fqn: str | None, weight_fqn: str | None) -> list[str]:

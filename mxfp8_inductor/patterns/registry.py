@@ -1,7 +1,11 @@
-"""Parameters of models marked with `mxfp8_inductor.mxfp8`: global FQN and options per parameter.
+"""Which parameters belong to models marked with `mxfp8_inductor.mxfp8`, with their global FQN and
+the model's options.
 
-Keyed by the parameter object, so a site's global FQN is known whatever module was compiled
-(per-block compile, resumed frames after a graph break).
+A mark lives on each marked expert module (a module owning 3-D parameters), as its global FQN and
+options, never on the parameter objects: deepcopy, pickling, `load_state_dict(assign=True)`, swapped
+tensors and FSDP2 replace parameters but keep (or copy) modules. Marked modules are held weakly; a
+parameter is looked up among the parameters they hold at that moment, so a site's global FQN is
+known whatever module was compiled (per-block compile, resumed frames after a graph break).
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import torch
 
 from ..options import MXFP8Config
 
+ATTR = "_mxfp8_mark"
+
 
 @dataclasses.dataclass(frozen=True)
 class Marked:
@@ -20,16 +26,34 @@ class Marked:
     config: MXFP8Config
 
 
-_MARKED: dict[int, tuple[weakref.ref, Marked]] = {}
+_MODULES: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
 
-def register(param: torch.nn.Parameter, fqn: str, config: MXFP8Config) -> None:
-    key = id(param)
-    _MARKED[key] = (weakref.ref(param, lambda _: _MARKED.pop(key, None)), Marked(fqn, config))
+def mark(module: torch.nn.Module, fqn: str, config: MXFP8Config) -> None:
+    """Mark `module` (global FQN `fqn`) and every parameter it holds, now or later."""
+    module.__dict__[ATTR] = Marked(fqn, config)
+    _MODULES.add(module)
 
 
-def lookup(param: torch.nn.Parameter) -> Marked | None:
-    entry = _MARKED.get(id(param))
-    if entry is None or entry[0]() is not param:
-        return None
-    return entry[1]
+def adopt(module: torch.nn.Module) -> None:
+    """Track a module that arrived carrying a mark (a deepcopy or an unpickled copy)."""
+    if ATTR in module.__dict__:
+        _MODULES.add(module)
+
+
+def marked_params() -> dict[int, tuple[torch.nn.Parameter, Marked]]:
+    """Every parameter of a live marked module: id -> (parameter, its global FQN and options)."""
+    out = {}
+    for module in list(_MODULES):
+        mark_ = module.__dict__.get(ATTR)
+        for name, param in module._parameters.items():
+            if mark_ is not None and param is not None:
+                fqn = f"{mark_.fqn}.{name}" if mark_.fqn else name
+                out[id(param)] = (param, Marked(fqn, mark_.config))
+    return out
+
+
+def lookup(param: torch.nn.Parameter, table: dict | None = None) -> Marked | None:
+    """The mark of `param`, from `table` (a `marked_params()` snapshot) or a fresh one."""
+    entry = (marked_params() if table is None else table).get(id(param))
+    return entry[1] if entry is not None and entry[0] is param else None

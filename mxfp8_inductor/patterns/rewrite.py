@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import warnings
 
 import torch
 import torch.fx
 
 from ..lowering import ops  # noqa: F401  (registers torch.ops.mxfp8)
 from ..options import MXFP8Config
-from . import registry
 from .sites import Site, _val, find_sites
 
 log = logging.getLogger("mxfp8_inductor")
@@ -48,6 +48,11 @@ def _replace(site: Site, config: MXFP8Config) -> str:
     return new.name
 
 
+def _in_marked_module(site: Site) -> bool:
+    stack = site.node.meta.get("nn_module_stack") or {}
+    return any(hasattr(cls, "_mxfp8_base") for _, cls in stack.values() if isinstance(cls, type))
+
+
 def _needs_grad(x) -> bool:
     val = _val(x)
     return not isinstance(val, torch.Tensor) or val.requires_grad
@@ -77,16 +82,29 @@ def rewrite(gm: torch.fx.GraphModule, config: MXFP8Config | None) -> list[SiteRe
     """
     rows: list[SiteReport] = []
     touched: dict[int, torch.fx.GraphModule] = {}
-    for site in find_sites(gm):
+    sites = find_sites(gm)
+    if config is not None and sites:
+        # FQNs here are relative to the compiled module: a per-block compile sees "moe.experts",
+        # not "layers.0.moe.experts" (marking the model keeps them global)
+        for message in config.unmatched((s.module_fqn, s.weight_fqn) for s in sites):
+            warnings.warn(f"{message} in the graph compiled here (FQNs relative to the compiled module)", stacklevel=2)
+    marked_elsewhere = {s.marked.config for s in sites if s.marked is not None and config is not None} - {config}
+    if marked_elsewhere:
+        warnings.warn("this model was marked with mxfp8(...) options that differ from the ones the compile passes "
+                      f"({sorted(c.key() for c in marked_elsewhere)} vs {config.key()}); the compile's options "
+                      "apply: compile a marked model with the default backend to use its own", stacklevel=2)
+    if config is None and sites and not any(s.marked for s in sites) and any(map(_in_marked_module, sites)):
+        warnings.warn("a marked model's grouped matmuls could not be matched to its parameters: they stay in bf16 "
+                      "(pass backend='mxfp8' with options to rewrite them regardless)", stacklevel=2)
+    for site in sites:
         node = site.node
         if node.meta.get(DECIDED):
             continue
         cfg = config
         if cfg is None:
-            marked = registry.lookup(site.param) if site.param is not None else None
-            if marked is None:
+            if site.marked is None:
                 continue
-            cfg = marked.config
+            cfg = site.marked.config
         problem = site.problem(cfg.recipe)
         if problem:
             action, reason = "skipped", problem

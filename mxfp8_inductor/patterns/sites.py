@@ -51,6 +51,7 @@ class Site:
     module_fqn: str | None
     weight_fqn: str | None
     param: torch.nn.Parameter | None
+    marked: registry.Marked | None  # the weight's mark, when its model was marked
     args: dict[str, Any]  # the call's operands by role (grouped_mm_args)
 
     def problem(self, recipe: str) -> str | None:
@@ -137,10 +138,10 @@ def _stack_fqn(node: torch.fx.Node) -> str | None:
 
 
 def _fqns(
-    node: torch.fx.Node, b: Any, outer: dict[torch.fx.Node, Any]
-) -> tuple[str | None, str | None, torch.nn.Parameter | None]:
-    """(module FQN, weight FQN, parameter): global when the model was marked, else relative to
-    the compiled module."""
+    node: torch.fx.Node, b: Any, outer: dict[torch.fx.Node, Any], marks: dict
+) -> tuple[str | None, str | None, torch.nn.Parameter | None, registry.Marked | None]:
+    """(module FQN, weight FQN, parameter, mark): global when the model was marked, else relative
+    to the compiled module; `marks` is a `registry.marked_params()` snapshot."""
     src = _weight_source(b, outer)
     param = None
     weight_fqn = None
@@ -153,7 +154,7 @@ def _fqns(
             weight_fqn = _source_fqn(grapharg.source.name)
     elif src is not None:
         weight_fqn = str(src.target)
-    marked = registry.lookup(param) if param is not None else None
+    marked = registry.lookup(param, marks) if param is not None else None
     if marked is not None:
         weight_fqn = marked.fqn
     if weight_fqn and "." in weight_fqn:
@@ -162,7 +163,7 @@ def _fqns(
         module_fqn = ""
     else:
         module_fqn = _stack_fqn(node)
-    return module_fqn, weight_fqn, param
+    return module_fqn, weight_fqn, param, marked
 
 
 def _flat_nodes(args: Any) -> list[Any]:
@@ -172,10 +173,13 @@ def _flat_nodes(args: Any) -> list[Any]:
     return out
 
 
-def find_sites(gm: torch.fx.GraphModule, outer: dict[torch.fx.Node, Any] | None = None) -> list[Site]:
+def find_sites(
+    gm: torch.fx.GraphModule, outer: dict[torch.fx.Node, Any] | None = None, marks: dict | None = None
+) -> list[Site]:
     """Every grouped matmul call in the graph and in the subgraphs of its higher-order ops
     (activation checkpointing wraps the MoE block in one), in graph order."""
     outer = outer or {}
+    marks = registry.marked_params() if marks is None else marks
     sites = []
     for node in gm.graph.nodes:
         if node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator):
@@ -185,11 +189,11 @@ def find_sites(gm: torch.fx.GraphModule, outer: dict[torch.fx.Node, Any] | None 
                 if isinstance(sub, torch.fx.GraphModule):
                     placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
                     operands = [a for a in args[i + 1:] if not (isinstance(a, torch.fx.Node) and a.op == "get_attr")]
-                    sites += find_sites(sub, {**outer, **dict(zip(placeholders, operands))})
+                    sites += find_sites(sub, {**outer, **dict(zip(placeholders, operands))}, marks)
         if not is_grouped_mm(node):
             continue
         args = grouped_mm_args(node.args, node.kwargs)
-        module_fqn, weight_fqn, param = _fqns(node, args.get("b"), outer)
+        module_fqn, weight_fqn, param, marked = _fqns(node, args.get("b"), outer, marks)
         sites.append(Site(gm, node, args.get("a"), args.get("b"), args.get("offs"), module_fqn, weight_fqn,
-                          param, args))
+                          param, marked, args))
     return sites

@@ -1,0 +1,111 @@
+"""A mark survives what users do to models: deepcopy, pickling, load_state_dict(assign=True),
+swapped tensors on dtype conversion, FSDP2, and subclasses of a decorated class."""
+
+import copy
+import io
+import pickle
+
+import pytest
+import torch
+from models import MoEModel
+
+import mxfp8_inductor as mx
+
+
+def _model(**options):
+    torch.manual_seed(0)
+    return mx.mxfp8(MoEModel(layers=2).bfloat16(), **options)
+
+
+def _actions(model):
+    report = mx.explain(model, torch.randn(1, 32, 64, dtype=torch.bfloat16))
+    return {(s.weight_fqn, s.role): s.action for s in report.sites}
+
+
+def _assert_marked(model, excluded_layer="1"):
+    actions = _actions(model)
+    assert len(actions) == 18, actions
+    for (fqn, role), action in actions.items():
+        assert action == ("excluded" if fqn.startswith(f"layers.{excluded_layer}.") else "rewritten"), (fqn, role)
+
+
+def test_deepcopy_keeps_the_mark():
+    model = _model(exclude=["layers.1"])
+    _assert_marked(copy.deepcopy(model))
+
+
+def test_pickle_and_torch_save_keep_the_mark():
+    model = _model(exclude=["layers.1"])
+    _assert_marked(pickle.loads(pickle.dumps(model)))
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    _assert_marked(torch.load(buf, weights_only=False))
+
+
+def test_load_state_dict_assign_keeps_the_mark():
+    model = _model(exclude=["layers.1"])
+    model.load_state_dict({k: v.clone() for k, v in model.state_dict().items()}, assign=True)
+    _assert_marked(model)
+
+
+def test_swapped_tensors_on_conversion_keep_the_mark():
+    torch.manual_seed(0)
+    model = mx.mxfp8(MoEModel(layers=2), exclude=["layers.1"])
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        model = model.bfloat16()
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(False)
+    _assert_marked(model)
+
+
+def test_subclass_of_a_decorated_class_with_its_own_init_is_marked():
+    @mx.mxfp8(exclude=["layers.0"])
+    class Marked(MoEModel):
+        pass
+
+    class Deeper(Marked):
+        def __init__(self):
+            super().__init__(layers=2)
+            self.extra = torch.nn.Linear(4, 4)
+
+    torch.manual_seed(0)
+    _assert_marked(Deeper().bfloat16(), excluded_layer="0")
+
+
+def test_fsdp2_either_order_keeps_the_mark(tmp_path):
+    """One-process gloo group: fully_shard replaces every parameter with a sharded one."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        before = _model(exclude=["layers.1"])
+        for layer in before.layers:
+            fully_shard(layer)
+        _assert_marked(before)
+        torch.manual_seed(0)
+        after = MoEModel(layers=2).bfloat16()
+        for layer in after.layers:
+            fully_shard(layer)
+        _assert_marked(mx.mxfp8(after, exclude=["layers.1"]))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_patterns_that_match_nothing_warn_with_the_closest_fqns():
+    torch.manual_seed(0)
+    with pytest.warns(UserWarning, match=r"exclude pattern 'layers.7.\*' matches no .*closest FQNs"):
+        mx.mxfp8(MoEModel(layers=2).bfloat16(), exclude=["layers.7.*"])
+    block = MoEModel(layers=2).bfloat16().layers[0]
+    with pytest.warns(UserWarning, match=r"exclude pattern 'layers.0.\*' matches no .*relative to the compiled"):
+        mx.explain(block, torch.randn(1, 32, 64, dtype=torch.bfloat16), options={"exclude": ["layers.0.*"]})
+
+
+def test_compiling_a_marked_model_with_other_options_warns():
+    model = _model(exclude=["layers.1"])
+    with pytest.warns(UserWarning, match="marked with mxfp8"):
+        mx.explain(model, torch.randn(1, 32, 64, dtype=torch.bfloat16), options={"recipe": "fp8_rowwise"})
