@@ -1,0 +1,181 @@
+"""Whole-model training steps: transformers MoE models at real per-layer dimensions, bf16 against
+each recipe, one process per run.
+
+    python benchmarks/bench_models.py [--models qwen3_30b,mixtral_8x7b] [--variants bf16,mxfp8,fp8_rowwise]
+        [--depths 1,2] [--out benchmarks/results/models_h200.json]
+
+A step is what training does: --microbatches forward + loss + backward passes (gradient
+accumulation), then AdamW. The whole model is compiled (backend="mxfp8" with the recipe, or
+plain torch.compile for bf16), random init, vocabulary 32k. Each (model, variant, depth) runs in a
+fresh process so compiles, caches and allocator state do not leak between them. Reported per
+run: tokens/s, step ms (median of --steps timed steps after --warmup), peak memory, compile time
+(the first step). Per model and variant, from the two depths: the marginal time of one more
+layer, which is what a full-depth model sees, and its ratio to bf16 (`speedup`), beside the
+whole-step ratio at the deeper depth (`speedup_whole_step`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+VOCAB = 32000
+# transformers config class and per-layer dimensions (the published models', vocabulary aside)
+MODELS = {
+    "qwen3_30b": ("Qwen3MoeConfig", dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+                                         num_experts=128, num_experts_per_tok=8, num_attention_heads=32,
+                                         num_key_value_heads=4, head_dim=128), (4, 2048)),
+    "mixtral_8x7b": ("MixtralConfig", dict(hidden_size=4096, intermediate_size=14336, num_local_experts=8,
+                                           num_experts_per_tok=2, num_attention_heads=32, num_key_value_heads=8),
+                     (2, 4096)),
+    "gpt_oss_20b": ("GptOssConfig", dict(hidden_size=2880, intermediate_size=2880, num_local_experts=32,
+                                         num_experts_per_tok=4, num_attention_heads=64, num_key_value_heads=8,
+                                         head_dim=64), (4, 2048)),
+    # one rank's slice of DeepSeek-V3's 256 experts under 8-way expert parallelism
+    "dsv3_ep8_slice": ("DeepseekV3Config", dict(hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
+                                                n_routed_experts=32, num_experts_per_tok=8, n_group=1, topk_group=1,
+                                                first_k_dense_replace=0, n_shared_experts=1, num_attention_heads=128,
+                                                num_key_value_heads=128), (2, 4096)),
+}
+
+
+def build(name: str, layers: int, device: str, tiny: bool) -> tuple[torch.nn.Module, tuple[int, int]]:
+    import transformers
+
+    cls_name, dims, (batch, seq) = MODELS[name]
+    config = getattr(transformers, cls_name)(**dims, num_hidden_layers=layers, vocab_size=VOCAB, use_cache=False)
+    if tiny:  # a CPU smoke run of the script itself
+        from mxfp8_inductor.check import TINY, tiny_config
+
+        config = tiny_config(config, {**TINY, "num_hidden_layers": layers})
+        batch, seq = 2, 64
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16)
+    return model, (batch, seq)
+
+
+def worker(args: argparse.Namespace) -> dict:
+    """One run, in this process."""
+    import mxfp8_inductor  # noqa: F401  (registers backend="mxfp8")
+
+    torch.manual_seed(0)
+    model, (batch, seq) = build(args.model, args.depth, args.device, args.tiny)
+    vocab = model.config.vocab_size
+    if args.variant == "bf16":
+        compiled = torch.compile(model)
+    else:
+        compiled = torch.compile(model, backend="mxfp8", options={"recipe": args.variant})
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=args.device == "cuda")
+    g = torch.Generator(device=args.device).manual_seed(0)
+    ids = [torch.randint(0, vocab, (batch, seq), device=args.device, generator=g) for _ in range(args.microbatches)]
+    params_gb = sum(p.numel() * p.element_size() for p in model.parameters()) / 1e9
+
+    def step() -> float:
+        sync()
+        start = time.perf_counter()
+        for x in ids:
+            loss = compiled(input_ids=x, labels=x).loss / len(ids)
+            loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sync()
+        return time.perf_counter() - start
+
+    def sync() -> None:
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+
+    compile_s = step()
+    for _ in range(args.warmup - 1):
+        step()
+    if args.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    times = [step() for _ in range(args.steps)]
+    step_s = statistics.median(times)
+    peak_gb = torch.cuda.max_memory_allocated() / 1e9 if args.device == "cuda" else float("nan")
+    return {"model": args.model, "variant": args.variant, "depth": args.depth, "tokens": batch * seq * len(ids),
+            "step_ms": step_s * 1e3, "step_ms_all": [t * 1e3 for t in times],
+            "tokens_per_s": batch * seq * len(ids) / step_s, "peak_gb": peak_gb, "params_gb": params_gb,
+            "compile_s": compile_s}
+
+
+def summarize(runs: list[dict], depths: list[int]) -> list[dict]:
+    """One row per model and variant: the deeper run's numbers plus per-layer and whole-step ratios."""
+    lo, hi = min(depths), max(depths)
+    by = {(r["model"], r["variant"], r["depth"]): r for r in runs}
+    rows = []
+    for (model, variant, depth), r in sorted(by.items()):
+        if depth != hi or (model, variant, lo) not in by or (model, "bf16", hi) not in by:
+            continue
+        per_layer = (r["step_ms"] - by[(model, variant, lo)]["step_ms"]) / (hi - lo)
+        base = by[(model, "bf16", hi)]
+        base_per_layer = (base["step_ms"] - by[(model, "bf16", lo)]["step_ms"]) / (hi - lo)
+        rows.append({**{k: r[k] for k in ("model", "variant", "tokens_per_s", "peak_gb", "params_gb", "compile_s")},
+                     "layer_ms": per_layer, "speedup": base_per_layer / per_layer,
+                     "speedup_whole_step": base["step_ms"] / r["step_ms"], "depths": [lo, hi]})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default="qwen3_30b,mixtral_8x7b")
+    p.add_argument("--variants", default="bf16,mxfp8,fp8_rowwise")
+    p.add_argument("--depths", default="1,2", help="two depths: the per-layer time is their difference")
+    p.add_argument("--microbatches", type=int, default=4)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--tiny", action="store_true", help="tiny dimensions: check the script on a CPU")
+    p.add_argument("--timeout", type=float, default=600, help="seconds per run")
+    p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results/models_h200.json"))
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--model", help=argparse.SUPPRESS)
+    p.add_argument("--variant", help=argparse.SUPPRESS)
+    p.add_argument("--depth", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(args)))
+        return
+    depths = [int(d) for d in args.depths.split(",")]
+    runs = []
+    for model in args.models.split(","):
+        for depth in depths:
+            for variant in args.variants.split(","):
+                cmd = [sys.executable, __file__, "--worker", "--model", model, "--variant", variant,
+                       "--depth", str(depth), "--device", args.device, "--microbatches", str(args.microbatches),
+                       "--warmup", str(args.warmup), "--steps", str(args.steps), *(["--tiny"] if args.tiny else [])]
+                try:
+                    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+                except subprocess.TimeoutExpired:
+                    print(f"{model} {variant} depth {depth}: timed out after {args.timeout:.0f} s", flush=True)
+                    continue
+                if proc.returncode:
+                    print(f"{model} {variant} depth {depth}: failed\n{proc.stderr[-2000:]}", flush=True)
+                    continue
+                run = json.loads(proc.stdout.strip().splitlines()[-1])
+                runs.append(run)
+                print(f"{model:<14} {variant:<12} depth {depth}: {run['step_ms']:8.1f} ms/step "
+                      f"{run['tokens_per_s']:9.0f} tok/s  peak {run['peak_gb']:6.1f} GB  "
+                      f"compile {run['compile_s']:5.1f} s", flush=True)
+    rows = summarize(runs, depths)
+    print(f"\n{'model':<14} {'variant':<12} {'per layer':>9} {'whole step':>10} {'peak GB':>8}")
+    for r in rows:
+        print(f"{r['model']:<14} {r['variant']:<12} {r['speedup']:8.3f}x {r['speedup_whole_step']:9.3f}x "
+              f"{r['peak_gb']:8.1f}")
+    meta = {"gpu": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "torch": torch.__version__,
+            "date": datetime.date.today().isoformat(), "microbatches": args.microbatches, "steps": args.steps}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({**meta, "rows": rows, "runs": runs}, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
