@@ -20,7 +20,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 from .options import MXFP8Config
 from .patterns.rewrite import SiteReport, rewrite
 
-_OWN_OPTIONS = {"include", "exclude", "recipe", "rounding", "wgrad"}
+INDUCTOR = "inductor"  # the backend option holding Inductor config patches
 
 
 @functools.cache
@@ -60,24 +60,30 @@ class PreGradRewrite(CustomGraphPass):
         return _uuid(self.config.key() if self.config else "marked-models")
 
 
-def _split_options(options: Mapping[str, Any] | None) -> tuple[MXFP8Config, dict[str, Any]]:
-    options = dict(options or {})
-    own = {k: options.pop(k) for k in list(options) if k in _OWN_OPTIONS}
-    return MXFP8Config.from_options(own), options
+def _split_options(options: MXFP8Config | Mapping[str, Any] | None) -> tuple[MXFP8Config, dict[str, Any]]:
+    if isinstance(options, MXFP8Config) or options is None:
+        return MXFP8Config.from_options(options), {}
+    options = dict(options)
+    patches = options.pop(INDUCTOR, None) or {}
+    if not isinstance(patches, Mapping):
+        raise ValueError(f"options[{INDUCTOR!r}] must be a dict of Inductor config patches, got {patches!r}")
+    return MXFP8Config.from_options(options), dict(patches)
 
 
 def mxfp8_backend(
     gm: torch.fx.GraphModule,
     example_inputs: list[Any],
     *,
-    options: Mapping[str, Any] | None = None,
+    options: MXFP8Config | Mapping[str, Any] | None = None,
     mode: str | None = None,
     **_: Any,
 ):
     """`torch.compile(model, backend="mxfp8", options={...})`.
 
-    Options: include, exclude, recipe, rounding, wgrad (see `MXFP8Config`); any other key is
-    passed to Inductor as a config patch, and `mode` selects Inductor's mode options.
+    Options: an `MXFP8Config`, or its keys (include, exclude, recipe, rounding, wgrad) plus
+    "inductor", a dict of Inductor config patches; any other key raises ValueError. `mode`
+    selects Inductor's mode options (torch.compile refuses `mode` together with `options`: put
+    the mode's patches under "inductor" instead).
     """
     from torch._inductor import list_mode_options
     from torch._inductor.compile_fx import compile_fx
@@ -97,12 +103,12 @@ def _early_timing() -> dict[str, Any]:
     return {"pre_grad_pass_timing": "early"} if hasattr(torch._inductor.config, "pre_grad_pass_timing") else {}
 
 
-def inductor_options(**options: Any) -> dict[str, Any]:
+def inductor_options(config: MXFP8Config | None = None, /, **options: Any) -> dict[str, Any]:
     """Options for the default backend: `torch.compile(model, options=inductor_options(exclude=[...]))`.
 
-    Takes the same keys as the `mxfp8` backend's options (include, exclude, recipe, rounding, wgrad).
+    Takes an `MXFP8Config` or its keys (include, exclude, recipe, rounding, wgrad).
     """
-    config = MXFP8Config.from_options(options)
+    config = MXFP8Config.from_options(config if config is not None else options)
     return {"pre_grad_custom_pass": PreGradRewrite(config), **_early_timing()}
 
 

@@ -58,7 +58,9 @@ def graph_code(gm: torch.fx.GraphModule) -> str:
     return "\n".join(lines)
 
 
-def explain(model: torch.nn.Module, *args: Any, options: dict[str, Any] | None = None, **kwargs: Any) -> Report:
+def explain(
+    model: torch.nn.Module, *args: Any, options: MXFP8Config | dict[str, Any] | None = None, **kwargs: Any
+) -> Report:
     """Compile `model`, run it on the inputs (forward, then a backward that leaves `.grad`
     untouched) and report what the pass did.
 

@@ -73,20 +73,22 @@ def _mark(model: M, config: MXFP8Config) -> M:
     return model
 
 
-def mxfp8(target: Any = None, /, **options: Any) -> Any:
+def mxfp8(target: Any = None, /, config: MXFP8Config | None = None, **options: Any) -> Any:
     """Mark a model for MXFP8 rewriting by `torch.compile`.
 
     `mxfp8(model, exclude=[...])` marks an instance; `@mxfp8(exclude=[...])` on an nn.Module
-    class marks every instance of it and of its subclasses when built. Options as for
-    backend="mxfp8" (include, exclude, recipe, rounding, wgrad); FQNs are relative to the marked
+    class marks every instance of it and of its subclasses when built. Options: an
+    `MXFP8Config`, or its keys (include, exclude, recipe, rounding, wgrad); FQNs are relative to the marked
     model, also when each block is compiled on its own. The mark survives deepcopy, pickling,
     `load_state_dict(assign=True)`, swapped tensors and FSDP2. Expert modules (those owning 3-D
     parameters) get a subclass of their class so compiled graphs are not shared with unmarked
     models or other decisions.
     """
-    config = MXFP8Config.from_options(options)
+    if config is not None and options:
+        raise ValueError("pass either an MXFP8Config or keyword options to mxfp8(), not both")
+    config = MXFP8Config.from_options(config if config is not None else options)
     if target is None:
-        return lambda t: mxfp8(t, **options)
+        return lambda t: mxfp8(t, config)
     if isinstance(target, torch.nn.Module):
         return _mark(target, config)
     if isinstance(target, type) and issubclass(target, torch.nn.Module):

@@ -74,7 +74,12 @@ class MXFP8Config:
             check_choice(field, getattr(self, field))
 
     @classmethod
-    def from_options(cls, options: Mapping[str, Any] | None) -> MXFP8Config:
+    def from_options(cls, options: MXFP8Config | Mapping[str, Any] | None) -> MXFP8Config:
+        """A config from keyword options (or the config itself); unknown keys raise ValueError."""
+        if isinstance(options, MXFP8Config):
+            return options
+        if options is not None and not isinstance(options, Mapping):
+            raise ValueError(f"mxfp8 options must be an MXFP8Config or a dict, got {type(options).__name__}")
         options = dict(options or {})
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = set(options) - names

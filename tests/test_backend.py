@@ -176,3 +176,21 @@ def test_bad_backend_options_fail_at_compile_time():
     model, x, _ = _problem()
     with pytest.raises(Exception, match="unknown recipe 'fp4'"):
         torch.compile(model, backend="mxfp8", options={"recipe": "fp4"})(x)
+
+
+def test_typed_config_and_inductor_patches_reach_every_entry_point():
+    """An MXFP8Config works wherever option keys do; Inductor patches go under "inductor"; an
+    unknown key (a typo) raises ValueError naming it and the valid keys."""
+    torch._dynamo.reset()
+    model, x, grad = _problem()
+    config = mx.MXFP8Config(recipe="fp8_rowwise", exclude=("layers.0.moe.experts",))
+    report = mx.explain(model, x, options=config)
+    assert {s.action for s in report.sites} == {"excluded"}
+    opts = mx.inductor_options(config)
+    assert opts["pre_grad_custom_pass"].config is config
+    out = torch.compile(model, backend="mxfp8", options={"recipe": "mxfp8", "inductor": {"max_autotune": False}})(x)
+    assert out.shape == x.shape
+    with pytest.raises(Exception, match=r"unknown mxfp8 option\(s\) \['exlude'\]: expected some of .*exclude"):
+        torch.compile(model, backend="mxfp8", options={"exlude": ["layers.0"]})(x)
+    with pytest.raises(ValueError, match="either an MXFP8Config or keyword options"):
+        mx.mxfp8(model, config, recipe="mxfp8")
