@@ -5,9 +5,13 @@ Ways in: `torch.compile(model, backend="mxfp8", options={...})`,
 `torch.compile`, and `explain(model, *args)` for the per-site report and rewritten graphs.
 """
 
-from .backend import inductor_options, mxfp8_backend, register
-from .explain import Report, explain
-from .kernels.mx import (
+from ._version import __version__, check_torch
+
+check_torch()
+
+from .backend import inductor_options, mxfp8_backend, register  # noqa: E402
+from .explain import Report, explain  # noqa: E402
+from .kernels.mx import (  # noqa: E402
     dequantize,
     dequantize_groups,
     quantize,
@@ -15,14 +19,15 @@ from .kernels.mx import (
     to_blocked,
     to_blocked_groups,
 )
-from .lowering import grouped_mm, register_decompositions
-from .marking import mxfp8
-from .options import MXFP8Config
+from .lowering import grouped_mm, register_decompositions  # noqa: E402
+from .marking import mxfp8  # noqa: E402
+from .options import MXFP8Config  # noqa: E402
 
 register_decompositions()
 register()
 
 __all__ = [
+    "__version__",
     "MXFP8Config",
     "Report",
     "dequantize",

@@ -63,3 +63,18 @@ def test_the_rule_sees_a_wrong_way_import(tmp_path, monkeypatch):
     monkeypatch.setattr(pathlib.Path, "read_text", lambda self: "from ..lowering import ops\n")
     assert _imports(fake) == {"mxfp8_inductor.lowering", "mxfp8_inductor.lowering.ops"}
     assert _rank("mxfp8_inductor.lowering.ops") > _rank(_name(fake))
+
+
+def test_torch_range_is_checked_at_import():
+    import warnings
+
+    from mxfp8_inductor._version import check_torch
+
+    with pytest.raises(ImportError, match="needs torch >= 2.11"):
+        check_torch("2.10.1+cu128")
+    with pytest.warns(UserWarning, match="tested with torch 2.11 to 2.13, found 2.14.0"):
+        check_torch("2.14.0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_torch("2.11.0+cu130")
+        check_torch("2.13.0+cpu")

@@ -1,0 +1,25 @@
+"""The package version and the torch releases it is tested with."""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import torch
+
+__version__ = "0.2.0"
+# the oldest torch with the Inductor hooks the pass uses, and the newest it is tested on
+OLDEST, NEWEST = (2, 11), (2, 13)
+
+
+def check_torch(version: str = torch.__version__) -> None:
+    """Raise ImportError on a torch older than the pass supports; warn on one newer than tested."""
+    found = tuple(int(v) for v in re.match(r"(\d+)\.(\d+)", version).groups())
+    tested = f"{OLDEST[0]}.{OLDEST[1]} to {NEWEST[0]}.{NEWEST[1]}"
+    if found < OLDEST:
+        raise ImportError(f"mxfp8_inductor needs torch >= {OLDEST[0]}.{OLDEST[1]} (tested: {tested}), "
+                          f"found {version}: upgrade torch")
+    if found > NEWEST:
+        warnings.warn(f"mxfp8_inductor is tested with torch {tested}, found {version}: the pass uses private "
+                      "Inductor hooks that may have changed; check your model with python -m mxfp8_inductor.check",
+                      stacklevel=3)
