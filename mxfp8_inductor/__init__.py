@@ -19,7 +19,7 @@ from .kernels.mx import (  # noqa: E402
     to_blocked,
     to_blocked_groups,
 )
-from .lowering import grouped_mm, register_decompositions  # noqa: E402
+from .lowering import grouped_mm, linear, register_decompositions  # noqa: E402
 from .marking import mxfp8  # noqa: E402
 from .options import MXFP8Config  # noqa: E402
 
@@ -35,6 +35,7 @@ __all__ = [
     "explain",
     "grouped_mm",
     "inductor_options",
+    "linear",
     "mxfp8",
     "mxfp8_backend",
     "quantize",

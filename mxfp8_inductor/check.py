@@ -34,8 +34,9 @@ import torch.utils._pytree as pytree
 from torch.overrides import TorchFunctionMode
 
 from .backend import mxfp8_backend
-from .eligibility import MULTIPLE_OF
+from .eligibility import MULTIPLE_OF, dense_problem
 from .lowering import grouped_mm
+from .lowering.ops import linear_body
 from .options import MXFP8Config
 from .patterns.rewrite import rewrite
 from .patterns.sites import grouped_mm_args, problem
@@ -43,6 +44,7 @@ from .patterns.sites import grouped_mm_args, problem
 BAR_DB = 2.0
 BLOCK = MULTIPLE_OF["mxfp8"]
 _GROUPED_MM = tuple(f for f in (torch._grouped_mm, getattr(F, "grouped_mm", None)) if f is not None)
+_LINEAR = (F.linear, torch._C._nn.linear)
 
 
 def sqnr(ref: torch.Tensor, x: torch.Tensor) -> float:
@@ -69,18 +71,26 @@ class OpAtSites(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        c = self.config
         if func in _GROUPED_MM:
             ops = grouped_mm_args(args, kwargs)
-            if problem(ops, self.config.recipe) is None and self._decide(ops["b"]):
+            if problem(ops, c.recipe) is None and self._decide(ops["b"], dense=False):
                 self.calls += 1
-                c = self.config
                 return grouped_mm(ops["a"], ops["b"], ops["offs"], recipe=c.recipe, rounding=c.rounding, wgrad=c.wgrad)
+        if func in _LINEAR and c.targets == "all":
+            x, w, bias = (list(args) + [None, None, None])[:3]
+            w, bias = kwargs.get("weight", w), kwargs.get("bias", bias)
+            fqn = self.fqns.get(w.untyped_storage().data_ptr()) if isinstance(w, torch.Tensor) else None
+            if (fqn is not None and dense_problem(x, w, bias, c.recipe, c.dense_min_dim) is None
+                    and self._decide(w, dense=True)):
+                self.calls += 1
+                return linear_body(x, w, bias, c.recipe, c.rounding, c.wgrad)
         return func(*args, **kwargs)
 
-    def _decide(self, b: torch.Tensor) -> bool:
+    def _decide(self, b: torch.Tensor, dense: bool) -> bool:
         weight_fqn = self.fqns.get(b.untyped_storage().data_ptr())
         module_fqn = weight_fqn.rsplit(".", 1)[0] if weight_fqn and "." in weight_fqn else None
-        return self.config.decide(module_fqn, weight_fqn)[0]
+        return self.config.decide(module_fqn, weight_fqn, dense)[0]
 
 
 @dataclasses.dataclass(frozen=True)

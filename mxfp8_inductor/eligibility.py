@@ -56,6 +56,42 @@ def site_problem(
     return _operand_problem(a, b, recipe) or _offs_problem(offs)
 
 
+def dense_problem(x: Any, w: Any, bias: Any, recipe: str, min_dim: int) -> str | None:
+    """Why `F.linear(x, w, bias)` cannot be rewritten, or None (real or fake tensors)."""
+    if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor):
+        return "operand shapes unknown (no example value in the graph)"
+    if w.dim() != 2 or x.dim() < 1:
+        return f"need x[..., K] and a weight[N, K], got {x.dim()}-D x {w.dim()}-D"
+    for name, t in (("x", x), ("weight", w)):
+        if t.dtype not in (torch.bfloat16, torch.float32):
+            return f"{name} must be bf16 or fp32, got {t.dtype}"
+    if x.dtype != w.dtype or (isinstance(bias, torch.Tensor) and bias.dtype != w.dtype):
+        return f"x, weight and bias must share a dtype, got {x.dtype}, {w.dtype}"
+    N, K = w.shape
+    if isinstance(K, torch.SymInt) or isinstance(N, torch.SymInt):
+        return "symbolic K or N"
+    multiple = MULTIPLE_OF[recipe]
+    if K % multiple or N % multiple:
+        return f"K={K} and N={N} must be multiples of {multiple} for {_WHY[recipe]}"
+    if min(K, N) < min_dim:
+        return f"K={K} or N={N} is below dense_min_dim={min_dim}: too small for FP8 to gain"
+    return None
+
+
+def check_linear_args(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, recipe: str, rounding: str,
+                      wgrad: str) -> None:
+    """Raise ValueError naming the requirement a `linear` call breaks."""
+    for name, value in (("recipe", recipe), ("rounding", rounding), ("wgrad", wgrad)):
+        check_choice(name, value)
+    problem = dense_problem(x, w, bias, recipe, 0)
+    if problem:
+        raise ValueError(problem)
+    if x.shape[-1] != w.shape[1]:
+        raise ValueError(f"contraction dims differ: x[..., {x.shape[-1]}] vs weight[N, {w.shape[1]}]")
+    if bias is not None and tuple(bias.shape) != (w.shape[0],):
+        raise ValueError(f"bias must have shape ({w.shape[0]},), got {tuple(bias.shape)}")
+
+
 def check_grouped_mm_args(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, recipe: str, rounding: str,
                           wgrad: str) -> None:
     """Raise ValueError naming the requirement a `grouped_mm` call breaks (offs values too, in eager)."""

@@ -49,6 +49,9 @@ def _guard_class(cls: type, kept: frozenset[str]) -> type:
 
 
 def _mark(model: M, config: MXFP8Config) -> M:
+    if config.targets != "experts":
+        raise ValueError("mxfp8() marks routed experts only (targets='experts'); for dense linears too, compile "
+                         "with backend='mxfp8' or inductor_options(targets='all')")
     experts = [(fqn, f"{fqn}.{name}" if fqn else name) for fqn, module in model.named_modules()
                for name, p in module.named_parameters(recurse=False) if p.dim() == 3]
     for message in config.unmatched(experts):

@@ -14,14 +14,22 @@ from typing import Any, Literal, get_args
 Recipe = Literal["mxfp8", "fp8_rowwise"]
 Rounding = Literal["rceil", "floor"]
 Wgrad = Literal["quantized", "bf16"]
+Targets = Literal["experts", "all"]
 RECIPES: tuple[str, ...] = get_args(Recipe)
 ROUNDINGS: tuple[str, ...] = get_args(Rounding)
 WGRADS: tuple[str, ...] = get_args(Wgrad)
+TARGETS: tuple[str, ...] = get_args(Targets)
+# dense linears that stay bf16 unless an include pattern names them: the output projection and
+# MoE routers (torchao's and TorchTitan's float8 practice: precision-sensitive, little compute)
+DENSE_EXCLUDE = ("lm_head", "output", "*.gate", "*.router", "*.router.*")
+# dense linears with K or N below this stay bf16: their GEMMs are too small for FP8 to repay the
+# quantization passes
+DENSE_MIN_DIM = 1024
 
 
 def check_choice(name: str, value: Any) -> None:
     """Raise ValueError unless `value` is an allowed recipe, rounding or wgrad."""
-    allowed = {"recipe": RECIPES, "rounding": ROUNDINGS, "wgrad": WGRADS}[name]
+    allowed = {"recipe": RECIPES, "rounding": ROUNDINGS, "wgrad": WGRADS, "targets": TARGETS}[name]
     if value not in allowed:
         raise ValueError(f"unknown {name} {value!r}: expected one of {allowed}")
 
@@ -59,6 +67,8 @@ class MXFP8Config:
       also covers the modules under it.
     recipe: "mxfp8" or "fp8_rowwise". rounding: "rceil" (default) or "floor" (the scale exponent
       rule of both recipes). wgrad: "quantized" (the recipe's weight gradient) or "bf16".
+    targets: "experts" (routed-expert grouped GEMMs) or "all" (dense linears on parameter weights
+      too, except `DENSE_EXCLUDE` and layers with K or N below `dense_min_dim`).
     """
 
     include: tuple[str, ...] = ()
@@ -66,12 +76,16 @@ class MXFP8Config:
     recipe: Recipe = "mxfp8"
     rounding: Rounding = "rceil"
     wgrad: Wgrad = "quantized"
+    targets: Targets = "experts"
+    dense_min_dim: int = DENSE_MIN_DIM
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "include", _patterns(self.include, "include"))
         object.__setattr__(self, "exclude", _patterns(self.exclude, "exclude"))
-        for field in ("recipe", "rounding", "wgrad"):
+        for field in ("recipe", "rounding", "wgrad", "targets"):
             check_choice(field, getattr(self, field))
+        if not isinstance(self.dense_min_dim, int) or self.dense_min_dim < 0:
+            raise ValueError(f"dense_min_dim must be a non-negative int, got {self.dense_min_dim!r}")
 
     @classmethod
     def from_options(cls, options: MXFP8Config | Mapping[str, Any] | None) -> MXFP8Config:
@@ -91,8 +105,8 @@ class MXFP8Config:
         """Stable text for cache keys."""
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
-    def decide(self, module_fqn: str | None, weight_fqn: str | None) -> tuple[bool, str]:
-        """(rewrite?, reason) for a site from its FQNs."""
+    def decide(self, module_fqn: str | None, weight_fqn: str | None, dense: bool = False) -> tuple[bool, str]:
+        """(rewrite?, reason) for a site from its FQNs; `dense`: a linear, not a grouped GEMM."""
         names = _candidates(module_fqn, weight_fqn)
         hit = _first_match(self.exclude, names)
         if hit:
@@ -102,6 +116,11 @@ class MXFP8Config:
             if not hit:
                 return False, f"matches no include pattern {list(self.include)}"
             return True, f"included by {hit!r}"
+        if dense:
+            hit = _first_match(DENSE_EXCLUDE, names)
+            if hit:
+                return False, f"kept bf16 by default ({hit!r}: output projection or router)"
+            return True, "dense linear"
         return True, "routed-expert grouped GEMM"
 
     def unmatched(self, fqns: Iterable[tuple[str | None, str | None]]) -> list[str]:

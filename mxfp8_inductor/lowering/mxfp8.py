@@ -116,3 +116,24 @@ def wgrad(grad_MN, a_MK, offs, rounding, decomposing):
     a_q = quantize_dequantize_groups_op(a_MK, offs, rounding)
     g_q = quantize_dequantize_groups_op(grad_MN, offs, rounding)
     return torch._grouped_mm(a_q.t(), g_q, offs)
+
+
+# --------------------------------------------------------------------------------------------
+# Dense linears, out[M, N] = x[M, K] @ w[N, K]^T: emulated on every device (the native MXFP8
+# dense GEMM is not wired up)
+
+
+def dense_forward(x_MK, w_NK, rounding, decomposing):
+    return torch.mm(quantize_dequantize_op(x_MK, -1, rounding), quantize_dequantize_op(w_NK, -1, rounding).t())
+
+
+def dense_dgrad(grad_MN, w_NK, rounding, decomposing):
+    return torch.mm(quantize_dequantize_op(grad_MN, -1, rounding), quantize_dequantize_op(w_NK, 0, rounding))
+
+
+def dense_wgrad(grad_MN, x_MK, rounding, decomposing):
+    # blocks along the tokens: one group of all M rows, whose last block may be short
+    ends = torch.full((1,), x_MK.shape[0], dtype=torch.int32, device=x_MK.device)
+    g_q = quantize_dequantize_groups_op(grad_MN, ends, rounding)
+    x_q = quantize_dequantize_groups_op(x_MK, ends, rounding)
+    return torch.mm(g_q.t(), x_q)

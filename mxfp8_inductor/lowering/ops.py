@@ -9,7 +9,9 @@ scaled along the GEMM's contraction (docs/design.md, "Numerics contract"):
 A recipe is a module with `forward(a_MK, b_EKN, offs, rounding, decomposing)`,
 `dgrad(grad_MN, b_EKN, offs, rounding, decomposing)` and
 `wgrad(grad_MN, a_MK, offs, rounding, decomposing)`, each returning the GEMM's result (bf16), or
-NotImplemented when `decomposing` and the path must stay an opaque op under Inductor.
+NotImplemented when `decomposing` and the path must stay an opaque op under Inductor; and the
+same three for dense linears, `dense_forward(x_MK, w_NK, ...)`, `dense_dgrad(grad_MN, w_NK, ...)`
+and `dense_wgrad(grad_MN, x_MK, ...)`, which `mxfp8::linear` runs the same way.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import functools
 
 import torch
 
-from ..eligibility import check_grouped_mm_args
+from ..eligibility import check_grouped_mm_args, check_linear_args
 from . import mxfp8, rowwise
 from .library import LIB, OUT_DTYPE
 
@@ -104,12 +106,83 @@ def _backward(ctx, grad):
 grouped_mm_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+# --------------------------------------------------------------------------------------------
+# Dense linears
+
+
+def _dense_forward(x, w, recipe, rounding, wgrad=None, *, decomposing=False):
+    return _result(RECIPES[recipe].dense_forward(x, w, rounding, decomposing), x)
+
+
+def _dense_dgrad(grad, w, recipe, rounding, *, decomposing=False):
+    return _result(RECIPES[recipe].dense_dgrad(grad, w, rounding, decomposing), grad)
+
+
+def _dense_wgrad(grad, x, recipe, rounding, *, decomposing=False):
+    return _result(RECIPES[recipe].dense_wgrad(grad, x, rounding, decomposing), grad)
+
+
+@torch.library.custom_op(f"{LIB}::linear", mutates_args=())
+def linear_op(x: torch.Tensor, w: torch.Tensor, recipe: str, rounding: str, wgrad: str) -> torch.Tensor:
+    """x[M, K] @ w[N, K]^T in the recipe (the bias is added outside, in the input's dtype)."""
+    return _dense_forward(x, w, recipe, rounding)
+
+
+@linear_op.register_fake
+def _(x, w, recipe, rounding, wgrad):
+    return x.new_empty(x.shape[0], w.shape[0])
+
+
+@torch.library.custom_op(f"{LIB}::linear_dgrad", mutates_args=())
+def linear_dgrad_op(grad: torch.Tensor, w: torch.Tensor, recipe: str, rounding: str) -> torch.Tensor:
+    return _dense_dgrad(grad, w, recipe, rounding)
+
+
+@linear_dgrad_op.register_fake
+def _(grad, w, recipe, rounding):
+    return grad.new_empty(grad.shape[0], w.shape[1])
+
+
+@torch.library.custom_op(f"{LIB}::linear_wgrad", mutates_args=())
+def linear_wgrad_op(grad: torch.Tensor, x: torch.Tensor, recipe: str, rounding: str) -> torch.Tensor:
+    return _dense_wgrad(grad, x, recipe, rounding)
+
+
+@linear_wgrad_op.register_fake
+def _(grad, x, recipe, rounding):
+    return grad.new_empty(grad.shape[1], x.shape[1])
+
+
+def _setup_linear(ctx, inputs, output):
+    x, w, recipe, rounding, wgrad = inputs
+    ctx.save_for_backward(x, w)
+    ctx.recipe, ctx.rounding, ctx.wgrad = recipe, rounding, wgrad
+
+
+def _linear_backward(ctx, grad):
+    x, w = ctx.saved_tensors
+    grad = grad.contiguous()
+    dx = dw = None
+    if ctx.needs_input_grad[0]:
+        dx = linear_dgrad_op(grad, w, ctx.recipe, ctx.rounding)
+    if ctx.needs_input_grad[1]:
+        if ctx.wgrad == "bf16":
+            dw = torch.mm(grad.to(OUT_DTYPE).t(), x.to(OUT_DTYPE)).to(w.dtype)
+        else:
+            dw = linear_wgrad_op(grad, x, ctx.recipe, ctx.rounding).to(w.dtype)
+    return dx, dw, None, None, None
+
+
+linear_op.register_autograd(_linear_backward, setup_context=_setup_linear)
+
+
 def register_decompositions() -> None:
-    """Let Inductor decompose the three GEMM ops into their quantizers and grouped GEMMs, so
-    identical quantizations (the tokens feeding w1 and w3) are computed once."""
+    """Let Inductor decompose the GEMM ops into their quantizers and GEMMs, so identical
+    quantizations (the tokens feeding w1 and w3) are computed once."""
     from torch._inductor import decomposition
 
-    for op, fn in ((grouped_mm_op, _forward), (grouped_mm_dgrad_op, _dgrad), (grouped_mm_wgrad_op, _wgrad)):
+    for op, fn in ((grouped_mm_op, _forward), (grouped_mm_dgrad_op, _dgrad), (grouped_mm_wgrad_op, _wgrad),
+                   (linear_op, _dense_forward), (linear_dgrad_op, _dense_dgrad), (linear_wgrad_op, _dense_wgrad)):
         decomposition.decompositions[op._opoverload] = functools.partial(fn, decomposing=True)
     decomposition.fast_random_decomps.cache_clear()  # a cached copy of the table predates us
 
@@ -133,3 +206,26 @@ def grouped_mm(
     """
     check_grouped_mm_args(a, b, offs, recipe, rounding, wgrad)
     return grouped_mm_op(a, b, offs, recipe, rounding, wgrad)
+
+
+def linear(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    recipe: str = "mxfp8",
+    rounding: str = "rceil",
+    wgrad: str = "quantized",
+) -> torch.Tensor:
+    """FP8 drop-in for `F.linear(x[..., K], w[N, K], bias)` -> [..., N] in x's dtype: forward,
+    input-gradient and weight-gradient GEMMs in the recipe, each quantized along its own
+    contraction (K, N, and the tokens)."""
+    check_linear_args(x, w, bias, recipe, rounding, wgrad)
+    return linear_body(x, w, bias, recipe, rounding, wgrad)
+
+
+def linear_body(x, w, bias, recipe, rounding, wgrad):
+    """`linear` without the argument checks: what the pass puts in a graph."""
+    out = linear_op(x.reshape(-1, x.shape[-1]), w, recipe, rounding, wgrad)
+    out = out.reshape(*x.shape[:-1], w.shape[0])
+    return out if bias is None else out + bias

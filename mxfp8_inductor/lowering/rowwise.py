@@ -117,3 +117,41 @@ def wgrad(grad_MN, a_MK, offs, rounding, decomposing):
     a_fp8_KMp, a_scales_GK, padded_offs = quantize_groups_rowwise_op(a_MK, offs, rounding)
     g_fp8_NMp, g_scales_GN, _ = quantize_groups_rowwise_op(grad_MN, offs, rounding)
     return _gemm(a_fp8_KMp, g_fp8_NMp.t(), a_scales_GK.reshape(-1), g_scales_GN.reshape(-1), padded_offs)
+
+
+# --------------------------------------------------------------------------------------------
+# Dense linears, out[M, N] = x[M, K] @ w[N, K]^T: torch's rowwise FP8 GEMM on compute capability
+# 9.x, emulated elsewhere
+
+
+def _mm(a_MK, b_KN, scale_M, scale_N) -> torch.Tensor:
+    """a [M, K] row-major float8 times b [K, N] column-major float8 with one scale per row of a
+    and per column of b, bf16 out."""
+    if has_fp8_grouped_mm(a_MK.device):
+        return torch._scaled_mm(a_MK, b_KN, scale_a=scale_M[:, None], scale_b=scale_N[None, :], out_dtype=OUT_DTYPE)
+    a = (a_MK.float() * scale_M[:, None]).to(OUT_DTYPE)
+    b = (b_KN.float() * scale_N[None, :]).to(OUT_DTYPE)
+    return torch.mm(a, b)
+
+
+def dense_forward(x_MK, w_NK, rounding, decomposing):
+    x_fp8, x_scales_M = rowwise.quantize_rows(x_MK, -1, rounding)
+    w_fp8, w_scales_N = rowwise.quantize_rows(w_NK, -1, rounding)
+    return _mm(x_fp8.contiguous(), w_fp8.contiguous().t(), x_scales_M, w_scales_N)
+
+
+def dense_dgrad(grad_MN, w_NK, rounding, decomposing):
+    g_fp8, g_scales_M = rowwise.quantize_rows(grad_MN, -1, rounding)
+    w_fp8_KN, w_scales_K = rowwise.quantize_rows(w_NK.t(), -1, rounding)
+    return _mm(g_fp8.contiguous(), w_fp8_KN.contiguous().t(), g_scales_M, w_scales_K)
+
+
+def dense_wgrad(grad_MN, x_MK, rounding, decomposing):
+    if has_fp8_grouped_mm(x_MK.device):
+        # torch's FP8 GEMM takes a contraction (here the tokens) in multiples of 16; zero rows
+        # change no scale and add nothing
+        pad = -x_MK.shape[0] % rowwise.ALIGN
+        grad_MN, x_MK = (torch.nn.functional.pad(t, (0, 0, 0, pad)) for t in (grad_MN, x_MK))
+    g_fp8_NM, g_scales_N = rowwise.quantize_rows(grad_MN.t(), -1, rounding)
+    x_fp8_KM, x_scales_K = rowwise.quantize_rows(x_MK.t(), -1, rounding)
+    return _mm(g_fp8_NM.contiguous(), x_fp8_KM.contiguous().t(), g_scales_N, x_scales_K)

@@ -14,7 +14,7 @@ import warnings
 import torch
 import torch.fx
 
-from ..lowering import ops  # noqa: F401  (registers torch.ops.mxfp8)
+from ..lowering.ops import linear_body  # (importing it registers torch.ops.mxfp8)
 from ..options import MXFP8Config
 from .sites import Site, _val, find_sites
 
@@ -40,12 +40,21 @@ class SiteReport:
 def _replace(site: Site, config: MXFP8Config) -> str:
     gm, node = site.gm, site.node
     with gm.graph.inserting_before(node):
-        args = (site.a, site.b, site.offs, config.recipe, config.rounding, config.wgrad)
-        new = gm.graph.call_function(torch.ops.mxfp8.grouped_mm.default, args)
+        if site.dense:
+            args = (site.a, site.b, site.args.get("bias"), config.recipe, config.rounding, config.wgrad)
+            new = gm.graph.call_function(linear_body, args)
+        else:
+            args = (site.a, site.b, site.offs, config.recipe, config.rounding, config.wgrad)
+            new = gm.graph.call_function(torch.ops.mxfp8.grouped_mm.default, args)
     new.meta.update(node.meta)
     node.replace_all_uses_with(new)
     gm.graph.erase_node(node)
     return new.name
+
+
+def _targets(site: Site, config: MXFP8Config | None) -> str:
+    cfg = config if config is not None else site.marked.config if site.marked is not None else None
+    return cfg.targets if cfg is not None else "experts"
 
 
 def _in_marked_module(site: Site) -> bool:
@@ -82,7 +91,7 @@ def rewrite(gm: torch.fx.GraphModule, config: MXFP8Config | None) -> list[SiteRe
     """
     rows: list[SiteReport] = []
     touched: dict[int, torch.fx.GraphModule] = {}
-    sites = find_sites(gm)
+    sites = [s for s in find_sites(gm) if not s.dense or _targets(s, config) == "all"]
     if config is not None and sites:
         # FQNs here are relative to the compiled module: a per-block compile sees "moe.experts",
         # not "layers.0.moe.experts" (marking the model keeps them global)
@@ -105,11 +114,11 @@ def rewrite(gm: torch.fx.GraphModule, config: MXFP8Config | None) -> list[SiteRe
             if site.marked is None:
                 continue
             cfg = site.marked.config
-        problem = site.problem(cfg.recipe)
+        problem = site.problem(cfg)
         if problem:
             action, reason = "skipped", problem
         else:
-            ok, reason = cfg.decide(site.module_fqn, site.weight_fqn)
+            ok, reason = cfg.decide(site.module_fqn, site.weight_fqn, site.dense)
             action = "rewritten" if ok else "excluded"
         name = node.name
         if action == "rewritten":

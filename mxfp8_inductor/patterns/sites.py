@@ -15,7 +15,8 @@ from typing import Any
 import torch
 import torch.fx
 
-from ..eligibility import site_problem
+from ..eligibility import dense_problem, site_problem
+from ..options import MXFP8Config
 from . import registry
 
 _OP_NAMES = ("aten::_grouped_mm", "transformers::grouped_mm_fallback")
@@ -40,8 +41,9 @@ _SOURCE_KEY = re.compile(r"\['([^']*)'\]")
 
 @dataclasses.dataclass
 class Site:
-    """One grouped matmul call in a graph (`gm` is the graph, or a subgraph of a higher-order op
-    such as activation checkpointing, that holds it)."""
+    """One grouped matmul call, or with `dense` one linear on a parameter weight, in a graph (`gm`
+    is the graph, or a subgraph of a higher-order op such as activation checkpointing, that
+    holds it)."""
 
     gm: torch.fx.GraphModule
     node: torch.fx.Node
@@ -53,10 +55,26 @@ class Site:
     param: torch.nn.Parameter | None
     marked: registry.Marked | None  # the weight's mark, when its model was marked
     args: dict[str, Any]  # the call's operands by role (grouped_mm_args)
+    dense: bool = False
 
-    def problem(self, recipe: str) -> str | None:
-        """Why the recipe's op cannot run this call, None if it can."""
-        return problem(self.args, recipe)
+    def problem(self, config: MXFP8Config) -> str | None:
+        """Why the config's op cannot run this call, None if it can."""
+        if self.dense:
+            return dense_problem(_val(self.a), _val(self.b), _val(self.args.get("bias")), config.recipe,
+                                 config.dense_min_dim)
+        return problem(self.args, config.recipe)
+
+
+_LINEAR_TARGETS = (torch._C._nn.linear, torch.nn.functional.linear)
+
+
+def _linear_args(node: torch.fx.Node) -> dict[str, Any] | None:
+    """a, b, bias of an `F.linear` call on a parameter weight (a placeholder or get_attr)."""
+    if node.op != "call_function" or node.target not in _LINEAR_TARGETS:
+        return None
+    args = dict(zip(("a", "b", "bias"), node.args))
+    args.update({k: node.kwargs[n] for k, n in (("a", "input"), ("b", "weight"), ("bias", "bias")) if n in node.kwargs})
+    return args
 
 
 def is_grouped_mm(node: torch.fx.Node) -> bool:
@@ -190,6 +208,13 @@ def find_sites(
                     placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
                     operands = [a for a in args[i + 1:] if not (isinstance(a, torch.fx.Node) and a.op == "get_attr")]
                     sites += find_sites(sub, {**outer, **dict(zip(placeholders, operands))}, marks)
+        dense_args = _linear_args(node)
+        if dense_args is not None:
+            module_fqn, weight_fqn, param, marked = _fqns(node, dense_args.get("b"), outer, marks)
+            if param is not None:
+                sites.append(Site(gm, node, dense_args["a"], dense_args["b"], None, module_fqn, weight_fqn,
+                                  param, marked, dense_args, dense=True))
+            continue
         if not is_grouped_mm(node):
             continue
         args = grouped_mm_args(node.args, node.kwargs)

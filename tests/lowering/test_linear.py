@@ -1,0 +1,101 @@
+"""Dense linears through the pass (targets="all"): the op's numerics, the sites found and decided,
+excluded layers untouched, and the pass adding no error of its own."""
+
+import pytest
+import torch
+from helpers import sqnr
+from models import MoEModel
+
+import mxfp8_inductor as mx
+from mxfp8_inductor import check
+
+
+@pytest.mark.parametrize("recipe", ["mxfp8", "fp8_rowwise"])
+def test_linear_op_sqnr_vs_bf16(recipe):
+    """Output, input gradient and weight gradient against bf16 on random data, with a bias, a 3-D
+    input and a token count that is not a multiple of 32."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 37, 256, dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.randn(512, 256) * 256**-0.5).bfloat16().requires_grad_()
+    b = torch.randn(512, dtype=torch.bfloat16, requires_grad=True)
+    g = torch.randn(4, 37, 512, dtype=torch.bfloat16)
+
+    def run(fn):
+        out = fn(x, w, b)
+        out.backward(g)
+        grads = (x.grad.clone(), w.grad.clone(), b.grad.clone())
+        x.grad = w.grad = b.grad = None
+        return (out.detach(), *grads)
+
+    ref = run(torch.nn.functional.linear)
+    out, dx, dw, db = run(lambda x, w, b: mx.linear(x, w, b, recipe=recipe))
+    assert sqnr(ref[0], out) >= 27 and sqnr(ref[1], dx) >= 25 and sqnr(ref[2], dw) >= 24
+    assert torch.equal(ref[3], db)  # the bias gradient is a plain sum
+    assert not torch.equal(ref[0], out)
+
+
+def test_linear_op_rejects_bad_input():
+    with pytest.raises(ValueError, match="multiples of 32"):
+        mx.linear(torch.randn(8, 48).bfloat16(), torch.randn(64, 48).bfloat16())
+    with pytest.raises(ValueError, match="contraction"):
+        mx.linear(torch.randn(8, 32).bfloat16(), torch.randn(64, 64).bfloat16())
+    with pytest.raises(ValueError, match="bias must have shape"):
+        mx.linear(torch.randn(8, 64).bfloat16(), torch.randn(64, 64).bfloat16(), torch.zeros(3).bfloat16())
+
+
+def _model():
+    torch.manual_seed(0)
+    return MoEModel(layers=2, shared_expert=True).bfloat16(), torch.randn(2, 32, 64, dtype=torch.bfloat16)
+
+
+def test_dense_sites_are_found_and_decided_only_with_targets_all():
+    model, x = _model()
+    default = mx.explain(model, x)
+    assert all("experts" in s.weight_fqn for s in default.sites)
+    report = mx.explain(model, x, options={"targets": "all", "dense_min_dim": 64, "exclude": ["layers.1.moe.shared.2"]})
+    by = {(s.weight_fqn, s.role): (s.action, s.reason) for s in report.sites}
+    assert by[("layers.0.moe.shared.0.weight", "forward")] == ("rewritten", "dense linear")
+    assert by[("layers.1.moe.shared.2.weight", "weight-grad")][0] == "excluded"
+    assert by[("layers.0.moe.router.weight", "forward")][0] == "skipped"  # N = 4 experts
+    small = mx.explain(model, x, options={"targets": "all"})  # dense_min_dim 1024 > 64
+    assert {s.action for s in small.sites if "shared" in s.weight_fqn} == {"skipped"}
+    assert all("below dense_min_dim" in s.reason for s in small.sites if "shared" in s.weight_fqn)
+
+
+def test_router_and_output_projection_stay_bf16_by_default():
+    config = mx.MXFP8Config(targets="all")
+    assert not config.decide("model.layers.0.mlp.gate", "model.layers.0.mlp.gate.weight", dense=True)[0]
+    assert not config.decide("lm_head", "lm_head.weight", dense=True)[0]
+    assert config.decide("model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.q_proj.weight", dense=True)[0]
+    assert mx.MXFP8Config(targets="all", include=("lm_head",)).decide("lm_head", "lm_head.weight", dense=True)[0]
+
+
+def test_excluded_dense_layers_are_bitwise_plain_compile():
+    model, x = _model()
+    grad = torch.randn_like(x)
+
+    def step(compiled):
+        torch._dynamo.reset()
+        xr = x.clone().requires_grad_()
+        out = compiled(xr)
+        out.backward(grad)
+        grads = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad(set_to_none=True)
+        return [out.detach(), xr.grad, *grads]
+
+    want = step(torch.compile(model))
+    got = step(torch.compile(model, backend="mxfp8", options={
+        "targets": "all", "dense_min_dim": 64, "exclude": ["*.shared.*", "*.experts"]}))
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_dense_sites_add_no_error_of_their_own():
+    model, x = _model()
+    for result in check.compare(model, (x,), targets="all", dense_min_dim=64):
+        assert result.sites_rewritten == 10 and result.op_calls == 10 and result.passed, str(result)
+
+
+def test_marking_takes_routed_experts_only():
+    model, _ = _model()
+    with pytest.raises(ValueError, match="inductor_options\\(targets='all'\\)"):
+        mx.mxfp8(model, targets="all")
