@@ -29,7 +29,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 import torch.utils._pytree as pytree
 from torch.overrides import TorchFunctionMode
 
@@ -39,12 +38,10 @@ from .lowering import grouped_mm
 from .lowering.ops import linear_body
 from .options import MXFP8Config
 from .patterns.rewrite import rewrite
-from .patterns.sites import grouped_mm_args, problem
+from .patterns.sites import GROUPED_MM_FUNCTIONS, LINEAR_FUNCTIONS, grouped_mm_args, linear_args, problem
 
 BAR_DB = 2.0
 BLOCK = MULTIPLE_OF["mxfp8"]
-_GROUPED_MM = tuple(f for f in (torch._grouped_mm, getattr(F, "grouped_mm", None)) if f is not None)
-_LINEAR = (F.linear, torch._C._nn.linear)
 
 
 def sqnr(ref: torch.Tensor, x: torch.Tensor) -> float:
@@ -72,14 +69,14 @@ class OpAtSites(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         c = self.config
-        if func in _GROUPED_MM:
+        if func in GROUPED_MM_FUNCTIONS:
             ops = grouped_mm_args(args, kwargs)
             if problem(ops, c.recipe) is None and self._decide(ops["b"], dense=False):
                 self.calls += 1
                 return grouped_mm(ops["a"], ops["b"], ops["offs"], recipe=c.recipe, rounding=c.rounding, wgrad=c.wgrad)
-        if func in _LINEAR and c.targets == "all":
-            x, w, bias = (list(args) + [None, None, None])[:3]
-            w, bias = kwargs.get("weight", w), kwargs.get("bias", bias)
+        if func in LINEAR_FUNCTIONS and c.targets == "all":
+            ops = linear_args(args, kwargs)
+            x, w, bias = ops.get("a"), ops.get("b"), ops.get("bias")
             fqn = self.fqns.get(w.untyped_storage().data_ptr()) if isinstance(w, torch.Tensor) else None
             if (fqn is not None and dense_problem(x, w, bias, c.recipe, c.dense_min_dim) is None
                     and self._decide(w, dense=True)):

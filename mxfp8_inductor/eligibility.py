@@ -115,6 +115,12 @@ def check_grouped_mm_args(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, 
 def check_offs(offs: Any, rows: int) -> None:
     """Raise ValueError unless `offs` is a non-empty 1-D int32 tensor of valid group ends for
     `rows` rows (values too, outside compiled graphs: a host sync on GPU)."""
+    check_offs_form(offs)
+    check_offs_values(offs, rows)
+
+
+def check_offs_form(offs: Any) -> None:
+    """Raise ValueError unless `offs` is a non-empty 1-D int32 tensor (its values unread)."""
     if not isinstance(offs, torch.Tensor):
         raise ValueError(f"offs must be a 1-D int32 tensor of group ends, got {type(offs).__name__}")
     problem = _offs_problem(offs)
@@ -122,7 +128,6 @@ def check_offs(offs: Any, rows: int) -> None:
         raise ValueError(problem)
     if offs.numel() == 0:
         raise ValueError("offs must hold at least one group end")
-    check_offs_values(offs, rows)
 
 
 def check_offs_values(offs: torch.Tensor, rows: int) -> None:

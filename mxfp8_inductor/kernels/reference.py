@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from ..eligibility import check_offs_form
 from ..options import check_choice
 
 BLOCK = 32
@@ -128,13 +129,6 @@ def group_scale_rows(num_rows: int, num_groups: int) -> int:
     return num_rows // BLOCK + num_groups
 
 
-def check_offs(offs: torch.Tensor) -> None:
-    if offs.dtype != torch.int32 or offs.dim() != 1:
-        raise ValueError(f"offs must be a 1-D int32 tensor of group ends, got {offs.dtype} {tuple(offs.shape)}")
-    if offs.numel() == 0:
-        raise ValueError("offs must hold at least one group end")
-
-
 def group_ends(offs: torch.Tensor, rows: int) -> torch.Tensor:
     """The group ends every path uses (docs/design.md, "Group ends"): each clamped into [0, rows]
     and raised to the running maximum, so that no group is negative or runs past the rows there
@@ -168,7 +162,7 @@ def quantize_groups(
     """
     check_float(x_MK)
     check_choice("rounding", rounding)
-    check_offs(offs)
+    check_offs_form(offs)
     M, K = x_MK.shape
     offs = group_ends(offs, M)
     data_MK = torch.zeros(M, K, dtype=torch.float8_e4m3fn, device=x_MK.device)

@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..eligibility import check_offs_form
 from ..options import check_choice
 from . import reference as ref
 from .launch import _MAX_ENTRIES, launch, launch_keyed
@@ -456,7 +457,7 @@ def _check_groups(x_MK: torch.Tensor, offs: torch.Tensor) -> None:
     ref.check_float(x_MK)
     if x_MK.dim() != 2:
         raise ValueError(f"grouped quantization takes a 2-D [M, K] tensor, got {tuple(x_MK.shape)}")
-    ref.check_offs(offs)
+    check_offs_form(offs)
 
 
 def quantize_groups(

@@ -20,9 +20,10 @@ from ..options import MXFP8Config
 from . import registry
 
 _OP_NAMES = ("aten::_grouped_mm", "transformers::grouped_mm_fallback")
-_PY_TARGETS = tuple(
+GROUPED_MM_FUNCTIONS = tuple(
     f for f in (torch._grouped_mm, getattr(torch.nn.functional, "grouped_mm", None)) if f is not None
 )
+LINEAR_FUNCTIONS = (torch._C._nn.linear, torch.nn.functional.linear)
 _ARG_NAMES = {
     "a": ("mat_a", "self", "input"),
     "b": ("mat_b", "mat2", "weight"),
@@ -65,22 +66,17 @@ class Site:
         return problem(self.args, config.recipe)
 
 
-_LINEAR_TARGETS = (torch._C._nn.linear, torch.nn.functional.linear)
-
-
-def _linear_args(node: torch.fx.Node) -> dict[str, Any] | None:
-    """a, b, bias of an `F.linear` call on a parameter weight (a placeholder or get_attr)."""
-    if node.op != "call_function" or node.target not in _LINEAR_TARGETS:
-        return None
-    args = dict(zip(("a", "b", "bias"), node.args))
-    args.update({k: node.kwargs[n] for k, n in (("a", "input"), ("b", "weight"), ("bias", "bias")) if n in node.kwargs})
-    return args
+def linear_args(args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The operands of an `F.linear` call by role: a (input), b (weight), bias."""
+    out = dict(zip(("a", "b", "bias"), args))
+    out.update({k: kwargs[n] for k, n in (("a", "input"), ("b", "weight"), ("bias", "bias")) if n in kwargs})
+    return out
 
 
 def is_grouped_mm(node: torch.fx.Node) -> bool:
     if node.op != "call_function":
         return False
-    if node.target in _PY_TARGETS:
+    if node.target in GROUPED_MM_FUNCTIONS:
         return True
     return _op_name(node.target) in _OP_NAMES
 
@@ -208,8 +204,8 @@ def find_sites(
                     placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
                     operands = [a for a in args[i + 1:] if not (isinstance(a, torch.fx.Node) and a.op == "get_attr")]
                     sites += find_sites(sub, {**outer, **dict(zip(placeholders, operands))}, marks)
-        dense_args = _linear_args(node)
-        if dense_args is not None:
+        if node.op == "call_function" and node.target in LINEAR_FUNCTIONS:
+            dense_args = linear_args(node.args, node.kwargs)
             module_fqn, weight_fqn, param, marked = _fqns(node, dense_args.get("b"), outer, marks)
             if param is not None:
                 sites.append(Site(gm, node, dense_args["a"], dense_args["b"], None, module_fqn, weight_fqn,
