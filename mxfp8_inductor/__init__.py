@@ -19,7 +19,7 @@ from .kernels.mx import (  # noqa: E402
     to_blocked,
     to_blocked_groups,
 )
-from .lowering import grouped_mm, linear, register_decompositions  # noqa: E402
+from .lowering import clear_weight_cache, grouped_mm, linear, register_decompositions  # noqa: E402
 from .marking import mxfp8  # noqa: E402
 from .options import MXFP8Config  # noqa: E402
 
@@ -30,6 +30,7 @@ __all__ = [
     "__version__",
     "MXFP8Config",
     "Report",
+    "clear_weight_cache",
     "dequantize",
     "dequantize_groups",
     "explain",

@@ -89,6 +89,7 @@ def mxfp8_backend(
     from torch._inductor.compile_fx import compile_fx
 
     config, patches = _split_options(options)
+    config.check_graph_route("backend='mxfp8'")
     rewrite(gm, config)
     patches = {**(list_mode_options(mode) if mode else {}), **patches}
     if patches.get("post_grad_custom_post_pass") is not None:
@@ -109,6 +110,7 @@ def inductor_options(config: MXFP8Config | None = None, /, **options: Any) -> di
     Takes an `MXFP8Config` or its keys (include, exclude, recipe, rounding, wgrad).
     """
     config = MXFP8Config.from_options(config if config is not None else options)
+    config.check_graph_route("inductor_options()")
     return {"pre_grad_custom_pass": PreGradRewrite(config), **_early_timing()}
 
 

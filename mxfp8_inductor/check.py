@@ -35,6 +35,7 @@ from torch.overrides import TorchFunctionMode
 from .backend import mxfp8_backend
 from .eligibility import MULTIPLE_OF, dense_problem
 from .lowering import grouped_mm
+from .lowering.auto import plan_for
 from .lowering.ops import linear_body
 from .options import MXFP8Config
 from .patterns.rewrite import rewrite
@@ -73,7 +74,8 @@ class OpAtSites(TorchFunctionMode):
             ops = grouped_mm_args(args, kwargs)
             if problem(ops, c.recipe) is None and self._decide(ops["b"], dense=False):
                 self.calls += 1
-                return grouped_mm(ops["a"], ops["b"], ops["offs"], recipe=c.recipe, rounding=c.rounding, wgrad=c.wgrad)
+                return grouped_mm(ops["a"], ops["b"], ops["offs"], recipe=c.recipe, rounding=c.rounding, wgrad=c.wgrad,
+                                  weight_cache=c.weight_cache)
         if func in LINEAR_FUNCTIONS and c.targets == "all":
             ops = linear_args(args, kwargs)
             x, w, bias = ops.get("a"), ops.get("b"), ops.get("bias")
@@ -81,7 +83,9 @@ class OpAtSites(TorchFunctionMode):
             if (fqn is not None and dense_problem(x, w, bias, c.recipe, c.dense_min_dim) is None
                     and self._decide(w, dense=True)):
                 self.calls += 1
-                return linear_body(x, w, bias, c.recipe, c.rounding, c.wgrad)
+                plan = plan_for(c.recipe, c.wgrad, M=x.numel() // x.shape[-1], K=w.shape[1], N=w.shape[0], E=1,
+                                dense=True, device=w.device)
+                return linear_body(x, w, bias, *plan.recipes, c.rounding, c.weight_cache)
         return func(*args, **kwargs)
 
     def _decide(self, b: torch.Tensor, dense: bool) -> bool:
@@ -272,16 +276,23 @@ def tiny_config(config: Any, overrides: dict[str, Any] = TINY) -> Any:
     return type(config)(**values)
 
 
-def transformers_model(name: str, tiny: bool = True) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
-    """A causal LM (or base model) of a model type, Hub id or config folder, random init, with
-    2 x 16 token ids as input."""
+def text_config(name: str):
+    """The text-model config of a transformers model type, Hub id or config folder."""
     import transformers
 
     if name in transformers.CONFIG_MAPPING:
         config = transformers.CONFIG_MAPPING[name]()
     else:
         config = transformers.AutoConfig.from_pretrained(name)
-    config = config.get_text_config()
+    return config.get_text_config()
+
+
+def transformers_model(name: str, tiny: bool = True) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    """A causal LM (or base model) of a model type, Hub id or config folder, random init, with
+    2 x 16 token ids as input."""
+    import transformers
+
+    config = text_config(name)
     if tiny:
         config = tiny_config(config)
     try:

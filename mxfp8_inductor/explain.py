@@ -73,6 +73,8 @@ def explain(
     marks = registry.marked_params()
     marked = any(registry.lookup(p, marks) is not None for p in model.parameters())
     config = MXFP8Config.from_options(options) if options is not None or not marked else None
+    if config is not None:
+        config.check_graph_route("explain(options=...)")
     sites: list[SiteReport] = []
     graphs: list[str] = []
     aot_graphs: list[str] = []

@@ -60,9 +60,10 @@ def _mark(model: M, config: MXFP8Config) -> M:
         params = dict(module.named_parameters(recurse=False))
         if not any(p.dim() == 3 for p in params.values()):
             continue
-        kept = [name for name, p in params.items()
-                if p.dim() == 3 and not config.decide(module_fqn, f"{module_fqn}.{name}" if module_fqn else name)[0]]
-        registry.mark(module, module_fqn, config)
+        filtered = config.filter_fn is not None and not config.filter_fn(module, module_fqn)
+        kept = [name for name, p in params.items() if p.dim() == 3 and (
+            filtered or not config.decide(module_fqn, f"{module_fqn}.{name}" if module_fqn else name)[0])]
+        registry.mark(module, module_fqn, config, filtered)
         base = getattr(type(module), "_mxfp8_base", None)
         if base is None:
             module.__class__ = _guard_class(type(module), frozenset(kept))
@@ -81,11 +82,11 @@ def mxfp8(target: Any = None, /, config: MXFP8Config | None = None, **options: A
 
     `mxfp8(model, exclude=[...])` marks an instance; `@mxfp8(exclude=[...])` on an nn.Module
     class marks every instance of it and of its subclasses when built. Options: an
-    `MXFP8Config`, or its keys (include, exclude, recipe, rounding, wgrad); FQNs are relative to the marked
-    model, also when each block is compiled on its own. The mark survives deepcopy, pickling,
-    `load_state_dict(assign=True)`, swapped tensors and FSDP2. Expert modules (those owning 3-D
-    parameters) get a subclass of their class so compiled graphs are not shared with unmarked
-    models or other decisions.
+    `MXFP8Config`, or its keys (include, exclude, recipe, rounding, wgrad, weight_cache, filter_fn);
+    FQNs are relative to the marked model, also when each block is compiled on its own. The mark
+    survives deepcopy, pickling, `load_state_dict(assign=True)`, swapped tensors and FSDP2. Expert
+    modules (those owning 3-D parameters) get a subclass of their class so compiled graphs are
+    not shared with unmarked models or other decisions.
     """
     if config is not None and options:
         raise ValueError("pass either an MXFP8Config or keyword options to mxfp8(), not both")

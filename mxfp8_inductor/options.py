@@ -8,10 +8,10 @@ import difflib
 import fnmatch
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal, get_args
 
-Recipe = Literal["mxfp8", "fp8_rowwise"]
+Recipe = Literal["mxfp8", "fp8_rowwise", "auto"]
 Rounding = Literal["rceil", "floor"]
 Wgrad = Literal["quantized", "bf16"]
 Targets = Literal["experts", "all"]
@@ -65,10 +65,16 @@ class MXFP8Config:
     include: glob patterns over global module or parameter FQNs; empty means every site.
     exclude: patterns whose sites stay in bf16 (wins over include). A pattern naming a module
       also covers the modules under it.
-    recipe: "mxfp8" or "fp8_rowwise". rounding: "rceil" (default) or "floor" (the scale exponent
+    recipe: "mxfp8", "fp8_rowwise", or "auto" (per GEMM, the fastest of those and bf16 by a cost
+      model calibrated on the H200). rounding: "rceil" (default) or "floor" (the scale exponent
       rule of both recipes). wgrad: "quantized" (the recipe's weight gradient) or "bf16".
     targets: "experts" (routed-expert grouped GEMMs) or "all" (dense linears on parameter weights
       too, except `DENSE_EXCLUDE` and layers with K or N below `dense_min_dim`).
+    weight_cache: keep each weight's FP8 operands from its first GEMM until it changes or an
+      optimizer steps (docs/design.md, "Weight cache").
+    filter_fn: `filter_fn(module, fqn) -> bool`, called on each expert module (one owning 3-D
+      parameters) with its global FQN when a model is marked with `mxfp8()`; False keeps the
+      module's sites in bf16. Marking only: the graph routes see no modules.
     """
 
     include: tuple[str, ...] = ()
@@ -78,6 +84,8 @@ class MXFP8Config:
     wgrad: Wgrad = "quantized"
     targets: Targets = "experts"
     dense_min_dim: int = DENSE_MIN_DIM
+    weight_cache: bool = True
+    filter_fn: Callable[[Any, str], bool] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "include", _patterns(self.include, "include"))
@@ -86,6 +94,17 @@ class MXFP8Config:
             check_choice(field, getattr(self, field))
         if not isinstance(self.dense_min_dim, int) or self.dense_min_dim < 0:
             raise ValueError(f"dense_min_dim must be a non-negative int, got {self.dense_min_dim!r}")
+        if not isinstance(self.weight_cache, bool):
+            raise ValueError(f"weight_cache must be True or False, got {self.weight_cache!r}")
+        if self.filter_fn is not None and not callable(self.filter_fn):
+            raise ValueError(f"filter_fn must be a callable (module, fqn) -> bool, got {self.filter_fn!r}")
+
+    def check_graph_route(self, route: str) -> None:
+        """Raise ValueError if these options need module objects, which `route` (a compile or
+        explain route that sees only the graph) does not have."""
+        if self.filter_fn is not None:
+            raise ValueError(f"filter_fn is called on modules, which {route} does not see: mark the model "
+                             "with mxfp8_inductor.mxfp8(model, filter_fn=...) and compile it with the default backend")
 
     @classmethod
     def from_options(cls, options: MXFP8Config | Mapping[str, Any] | None) -> MXFP8Config:
@@ -102,8 +121,12 @@ class MXFP8Config:
         return cls(**options)
 
     def key(self) -> str:
-        """Stable text for cache keys."""
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+        """Stable text for cache keys (a filter_fn by its qualified name)."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        fn = fields.pop("filter_fn")
+        if fn is not None:
+            fields["filter_fn"] = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}"
+        return json.dumps(fields, sort_keys=True)
 
     def decide(self, module_fqn: str | None, weight_fqn: str | None, dense: bool = False) -> tuple[bool, str]:
         """(rewrite?, reason) for a site from its FQNs; `dense`: a linear, not a grouped GEMM."""

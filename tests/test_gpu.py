@@ -172,6 +172,16 @@ def test_rowwise_group_quantizer_bit_exact_on_gpu(rounding):
         assert_bitwise_equal(got, want)
 
 
+@pytest.mark.parametrize("shape", [(8, 2048, 1536), (3, 70, 200)])
+def test_rowwise_weight_quantizer_bit_exact_on_gpu(shape):
+    from mxfp8_inductor.kernels import rowwise, triton_rowwise
+
+    b = _specials(torch.randn(*shape, device="cuda").bfloat16())
+    for view in (b, b.transpose(-2, -1).contiguous().transpose(-2, -1)):
+        for got, want in zip(triton_rowwise.quantize_weight(view), rowwise.quantize_weight(view)):
+            assert_bitwise_equal(got, want)
+
+
 def test_cached_launch_keys_alignment_and_layout():
     """Repeated calls take the bound launch of the first (`launch.bind`): an aligned input, the
     same shape one element off 16-byte alignment, and its transposed view must each get their

@@ -109,3 +109,34 @@ def test_compiling_a_marked_model_with_other_options_warns():
     model = _model(exclude=["layers.1"])
     with pytest.warns(UserWarning, match="marked with mxfp8"):
         mx.explain(model, torch.randn(1, 32, 64, dtype=torch.bfloat16), options={"recipe": "fp8_rowwise"})
+
+
+def test_filter_fn_keeps_the_modules_it_rejects_in_bf16():
+    """torchao's convention: `filter_fn(module, fqn)` on each expert module with its global FQN."""
+    seen = []
+
+    def only_layer_0(module: torch.nn.Module, fqn: str) -> bool:
+        seen.append((type(module).__name__, fqn))
+        return fqn.startswith("layers.0.")
+
+    torch.manual_seed(0)
+    model = mx.mxfp8(MoEModel(layers=2).bfloat16(), filter_fn=only_layer_0)
+    assert sorted(seen) == [("GroupedExperts", "layers.0.moe.experts"), ("GroupedExperts", "layers.1.moe.experts")]
+    report = mx.explain(model, torch.randn(1, 8, 64, dtype=torch.bfloat16))
+    actions = {(s.weight_fqn.split(".")[1], s.action, s.reason) for s in report.sites}
+    assert {a for layer, a, _ in actions if layer == "0"} == {"rewritten"}
+    assert {(a, r) for layer, a, r in actions if layer == "1"} == {("excluded", "excluded by filter_fn")}
+
+
+@pytest.mark.parametrize("route", ["backend", "inductor_options", "explain"])
+def test_filter_fn_needs_the_marking_route(route):
+    options = {"filter_fn": lambda module, fqn: True}
+    model = MoEModel(layers=1).bfloat16()
+    # (the backend's error reaches the caller as torch's BackendCompilerFailed, caused by it)
+    with pytest.raises((ValueError, torch._dynamo.exc.BackendCompilerFailed), match=r"mxfp8\(model, filter_fn"):
+        if route == "backend":
+            torch.compile(model, backend="mxfp8", options=options)(torch.randn(1, 8, 64, dtype=torch.bfloat16))
+        elif route == "inductor_options":
+            mx.inductor_options(**options)
+        else:
+            mx.explain(model, torch.randn(1, 8, 64, dtype=torch.bfloat16), options=options)

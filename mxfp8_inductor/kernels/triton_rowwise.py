@@ -1,6 +1,6 @@
-"""Triton twins of the FP8-rowwise weight-gradient quantizer, the one rowwise step Inductor does
-badly: a segmented max over variable-size token groups (torch's scatter_reduce uses atomics) and a
-gathered, transposed, group-padded write."""
+"""Triton twins of the FP8-rowwise quantizers Inductor does badly: the weight-gradient operand (a
+segmented max over variable-size token groups, where torch's scatter_reduce uses atomics, and a
+gathered, transposed, group-padded write), and both operands of a weight in two reads of it."""
 
 from __future__ import annotations
 
@@ -161,3 +161,70 @@ def quantize_groups(
              HW_CVT=x_MK.is_cuda, BK=bk, KITERS=kiters, num_warps=warps),
     ))
     return data_KMp.view(torch.float8_e4m3fn), scales_GK, padded_ends
+
+
+# rows and columns of a weight tile in `quantize_weight`'s kernels, and their warps
+WEIGHT_TILE = (64, 64, 4)
+
+
+@triton.jit
+def _weight_amax_kernel(b_ptr, sb_e, sb_k, sb_n, K, N, amax_n_ptr, amax_k_ptr, BK: tl.constexpr, BN: tl.constexpr):
+    """Program (e, p, q): tile b[e, p*BK.., q*BN..]. Its max |b| per column and per row meet the
+    other tiles' in amax_n[e, n] and amax_k[e, k]: atomic maxima on the float bits, NaN as inf
+    (as `triton_mx._block_amax`)."""
+    e = tl.program_id(0).to(tl.int64)
+    k = tl.program_id(1) * BK + tl.arange(0, BK)
+    n = tl.program_id(2) * BN + tl.arange(0, BN)
+    m = (k < K)[:, None] & (n < N)[None, :]
+    x = load_f32(b_ptr + e * sb_e + k.to(tl.int64)[:, None] * sb_k + n.to(tl.int64)[None, :] * sb_n, m)
+    bits = tl.minimum(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, 0x7F800000)
+    tl.atomic_max(amax_n_ptr + e * N + n, tl.max(bits, axis=0), mask=n < N)
+    tl.atomic_max(amax_k_ptr + e * K + k, tl.max(bits, axis=1), mask=k < K)
+
+
+@triton.jit
+def _weight_cast_kernel(
+    b_ptr, sb_e, sb_k, sb_n, K, N, amax_n_ptr, amax_k_ptr, q_nk_ptr, q_kn_ptr, s_n_ptr, s_k_ptr,
+    RCEIL: tl.constexpr, HW_CVT: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr,
+):
+    """Program (e, p, q): tile b[e, p*BK.., q*BN..] cast twice, with its columns' scales into
+    q_nk[e, n, k] and with its rows' scales into q_kn[e, k, n]; the first row and column of
+    tiles also write the float scales."""
+    e = tl.program_id(0).to(tl.int64)
+    k = tl.program_id(1) * BK + tl.arange(0, BK)
+    n = tl.program_id(2) * BN + tl.arange(0, BN)
+    k_ok, n_ok = k < K, n < N
+    m = k_ok[:, None] & n_ok[None, :]
+    x = load_f32(b_ptr + e * sb_e + k.to(tl.int64)[:, None] * sb_k + n.to(tl.int64)[None, :] * sb_n, m)
+    biased_n = scale_exponent(tl.load(amax_n_ptr + e * N + n, mask=n_ok, other=0).to(tl.float32, bitcast=True), RCEIL)
+    biased_k = scale_exponent(tl.load(amax_k_ptr + e * K + k, mask=k_ok, other=0).to(tl.float32, bitcast=True), RCEIL)
+    q_n = scaled_to_e4m3(x, inv_scale(biased_n)[None, :], HW_CVT)
+    q_k = scaled_to_e4m3(x, inv_scale(biased_k)[:, None], HW_CVT)
+    base = e * K * N
+    m_nk = n_ok[:, None] & k_ok[None, :]
+    tl.store(q_nk_ptr + base + n.to(tl.int64)[:, None] * K + k[None, :], tl.trans(q_n), mask=m_nk)
+    tl.store(q_kn_ptr + base + k.to(tl.int64)[:, None] * N + n[None, :], q_k, mask=m)
+    if tl.program_id(1) == 0:
+        tl.store(s_n_ptr + e * N + n, e8m0_to_float(biased_n), mask=n_ok)
+    if tl.program_id(2) == 0:
+        tl.store(s_k_ptr + e * K + k, e8m0_to_float(biased_k), mask=k_ok)
+
+
+def quantize_weight(b_EKN: torch.Tensor, rounding: str = "rceil") -> tuple[torch.Tensor, ...]:
+    """Triton twin of `rowwise.quantize_weight`: both operands from two reads of the weight (one
+    for the maxima, one for the casts) in any layout."""
+    ref.check_float(b_EKN)
+    check_choice("rounding", rounding)
+    E, K, N = b_EKN.shape
+    dev = b_EKN.device
+    amax_n, amax_k = torch.zeros(E, N, dtype=torch.int32, device=dev), torch.zeros(E, K, dtype=torch.int32, device=dev)
+    q_nk = torch.empty(E, N, K, dtype=torch.uint8, device=dev)
+    q_kn = torch.empty(E, K, N, dtype=torch.uint8, device=dev)
+    s_n, s_k = torch.empty(E, N, device=dev), torch.empty(E, K, device=dev)
+    bk, bn, warps = WEIGHT_TILE
+    grid = (E, cdiv(K, bk), cdiv(N, bn))
+    b, strides = as_bits(b_EKN), b_EKN.stride()
+    _weight_amax_kernel[grid](b, *strides, K, N, amax_n, amax_k, BK=bk, BN=bn, num_warps=warps)
+    _weight_cast_kernel[grid](b, *strides, K, N, amax_n, amax_k, q_nk, q_kn, s_n, s_k, RCEIL=rounding == "rceil",
+                              HW_CVT=b_EKN.is_cuda, BK=bk, BN=bn, num_warps=warps)
+    return q_nk.view(torch.float8_e4m3fn), s_n, q_kn.view(torch.float8_e4m3fn), s_k

@@ -2,5 +2,6 @@
 they decompose for Inductor."""
 
 from .ops import grouped_mm, linear, register_decompositions
+from .weights import clear_weight_cache
 
-__all__ = ["grouped_mm", "linear", "register_decompositions"]
+__all__ = ["clear_weight_cache", "grouped_mm", "linear", "register_decompositions"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels.mx import implementation
+from . import weights
 from .library import OUT_DTYPE, define, like
 
 
@@ -32,15 +33,18 @@ def gemm_path(device: torch.device, K: int, N: int) -> str:
 # against torch's meta checks with the reference kernels)
 
 
-def native_forward_args(kern, a_MK, b_EKN, offs, rounding):
+def native_forward_args(kern, a_MK, b_EKN, offs, rounding, cache=False):
     a_fp8, a_scales = kern.quantize_rows_blocked(a_MK, offs, rounding)
-    w_fp8_ENK, w_scales = kern.quantize_weight_blocked(b_EKN.transpose(-2, -1), rounding)
+    w_fp8_ENK, w_scales = weights.quantized(
+        b_EKN, ("mxfp8", rounding, "forward"), lambda b: kern.quantize_weight_blocked(b.transpose(-2, -1), rounding),
+        cache)
     return a_fp8, w_fp8_ENK.transpose(-2, -1), a_scales, w_scales, offs
 
 
-def native_dgrad_args(kern, grad_MN, b_EKN, offs, rounding):
+def native_dgrad_args(kern, grad_MN, b_EKN, offs, rounding, cache=False):
     g_fp8, g_scales = kern.quantize_rows_blocked(grad_MN, offs, rounding)
-    w_fp8_EKN, w_scales = kern.quantize_weight_blocked(b_EKN, rounding)
+    w_fp8_EKN, w_scales = weights.quantized(b_EKN, ("mxfp8", rounding, "dgrad"),
+                                            lambda b: kern.quantize_weight_blocked(b, rounding), cache)
     return g_fp8, w_fp8_EKN.transpose(-2, -1), g_scales, w_scales, offs
 
 
@@ -82,29 +86,30 @@ quantize_dequantize_groups_op = define(
 # The three GEMMs (see lowering/ops.py for the common interface)
 
 
-def forward(a_MK, b_EKN, offs, rounding, decomposing):
+def forward(a_MK, b_EKN, offs, rounding, cache, decomposing):
     K, N = b_EKN.shape[-2:]
     if gemm_path(a_MK.device, K, N) == "native":
         if decomposing:  # keep the op: its native path is not decomposed
             return NotImplemented
-        return _scaled_grouped_mm(native_forward_args(implementation(a_MK.device), a_MK, b_EKN, offs, rounding))
+        return _scaled_grouped_mm(native_forward_args(implementation(a_MK.device), a_MK, b_EKN, offs, rounding, cache))
     a_q = quantize_dequantize_op(a_MK, -1, rounding)
     b_q = quantize_dequantize_op(b_EKN, 1, rounding)
     return torch._grouped_mm(a_q, b_q, offs)
 
 
-def dgrad(grad_MN, b_EKN, offs, rounding, decomposing):
+def dgrad(grad_MN, b_EKN, offs, rounding, cache, decomposing):
     K, N = b_EKN.shape[-2:]
     if gemm_path(grad_MN.device, N, K) == "native":
         if decomposing:
             return NotImplemented
-        return _scaled_grouped_mm(native_dgrad_args(implementation(grad_MN.device), grad_MN, b_EKN, offs, rounding))
+        args = native_dgrad_args(implementation(grad_MN.device), grad_MN, b_EKN, offs, rounding, cache)
+        return _scaled_grouped_mm(args)
     g_q = quantize_dequantize_op(grad_MN, -1, rounding)
     b_q = quantize_dequantize_op(b_EKN, 2, rounding)
     return torch._grouped_mm(g_q, b_q.transpose(-2, -1), offs)
 
 
-def wgrad(grad_MN, a_MK, offs, rounding, decomposing):
+def wgrad(grad_MN, a_MK, offs, rounding, cache, decomposing):
     K, N = a_MK.shape[1], grad_MN.shape[1]
     if gemm_path(a_MK.device, K, N) == "native":
         if decomposing:
@@ -123,15 +128,15 @@ def wgrad(grad_MN, a_MK, offs, rounding, decomposing):
 # dense GEMM is not wired up)
 
 
-def dense_forward(x_MK, w_NK, rounding, decomposing):
+def dense_forward(x_MK, w_NK, rounding, cache, decomposing):
     return torch.mm(quantize_dequantize_op(x_MK, -1, rounding), quantize_dequantize_op(w_NK, -1, rounding).t())
 
 
-def dense_dgrad(grad_MN, w_NK, rounding, decomposing):
+def dense_dgrad(grad_MN, w_NK, rounding, cache, decomposing):
     return torch.mm(quantize_dequantize_op(grad_MN, -1, rounding), quantize_dequantize_op(w_NK, 0, rounding))
 
 
-def dense_wgrad(grad_MN, x_MK, rounding, decomposing):
+def dense_wgrad(grad_MN, x_MK, rounding, cache, decomposing):
     # blocks along the tokens: one group of all M rows, whose last block may be short
     ends = torch.full((1,), x_MK.shape[0], dtype=torch.int32, device=x_MK.device)
     g_q = quantize_dequantize_groups_op(grad_MN, ends, rounding)

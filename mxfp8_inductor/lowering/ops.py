@@ -1,17 +1,19 @@
 """The differentiable FP8 grouped GEMM: the `mxfp8::grouped_mm` custom op, its autograd, and the
-recipe it dispatches to.
+recipes it dispatches to.
 
-out[M, N] = grouped_mm(a[M, K], b[E, K, N], offs) with every GEMM in a recipe, each operand
-scaled along the GEMM's contraction (docs/design.md, "Numerics contract"):
+out[M, N] = grouped_mm(a[M, K], b[E, K, N], offs) with each GEMM in its own recipe ("mxfp8",
+"fp8_rowwise" or "bf16": the op takes one per role), each operand scaled along the GEMM's
+contraction (docs/design.md, "Numerics contract"):
   forward      a along K,        b along K
   input grad   dY along N,       b along N
   weight grad  dY and a along M, per token group
-A recipe is a module with `forward(a_MK, b_EKN, offs, rounding, decomposing)`,
-`dgrad(grad_MN, b_EKN, offs, rounding, decomposing)` and
-`wgrad(grad_MN, a_MK, offs, rounding, decomposing)`, each returning the GEMM's result (bf16), or
-NotImplemented when `decomposing` and the path must stay an opaque op under Inductor; and the
-same three for dense linears, `dense_forward(x_MK, w_NK, ...)`, `dense_dgrad(grad_MN, w_NK, ...)`
-and `dense_wgrad(grad_MN, x_MK, ...)`, which `mxfp8::linear` runs the same way.
+A recipe is a module with `forward(a_MK, b_EKN, offs, rounding, cache, decomposing)`,
+`dgrad(grad_MN, b_EKN, offs, rounding, cache, decomposing)` and
+`wgrad(grad_MN, a_MK, offs, rounding, cache, decomposing)`, each returning the GEMM's result
+(bf16), or NotImplemented when `decomposing` and the path must stay an opaque op under Inductor;
+`cache` lets it reuse the weight's quantization (lowering/weights.py). The same three for dense
+linears, `dense_forward(x_MK, w_NK, ...)`, `dense_dgrad(grad_MN, w_NK, ...)` and
+`dense_wgrad(grad_MN, x_MK, ...)`, serve `mxfp8::linear`.
 """
 
 from __future__ import annotations
@@ -21,49 +23,51 @@ import functools
 import torch
 
 from ..eligibility import check_grouped_mm_args, check_linear_args
-from . import mxfp8, rowwise
-from .library import LIB, OUT_DTYPE
+from . import bf16, mxfp8, rowwise
+from .auto import plan_for
+from .library import LIB
 
-RECIPES = {"mxfp8": mxfp8, "fp8_rowwise": rowwise}
+RECIPES = {"mxfp8": mxfp8, "fp8_rowwise": rowwise, "bf16": bf16}
 
 
 def _result(out, like: torch.Tensor):
     return out if out is NotImplemented else out.to(like.dtype)
 
 
-def _forward(a, b, offs, recipe, rounding, wgrad=None, *, decomposing=False):
-    return _result(RECIPES[recipe].forward(a, b, offs, rounding, decomposing), a)
+def _forward(a, b, offs, forward, dgrad, wgrad, rounding, cache, *, decomposing=False):
+    return _result(RECIPES[forward].forward(a, b, offs, rounding, cache, decomposing), a)
 
 
-def _dgrad(grad, b, offs, recipe, rounding, *, decomposing=False):
-    return _result(RECIPES[recipe].dgrad(grad, b, offs, rounding, decomposing), grad)
+def _dgrad(grad, b, offs, recipe, rounding, cache, *, decomposing=False):
+    return _result(RECIPES[recipe].dgrad(grad, b, offs, rounding, cache, decomposing), grad)
 
 
 def _wgrad(grad, a, offs, recipe, rounding, *, decomposing=False):
-    return _result(RECIPES[recipe].wgrad(grad, a, offs, rounding, decomposing), grad)
+    return _result(RECIPES[recipe].wgrad(grad, a, offs, rounding, False, decomposing), grad)
 
 
 @torch.library.custom_op(f"{LIB}::grouped_mm", mutates_args=())
 def grouped_mm_op(
-    a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, recipe: str, rounding: str, wgrad: str
+    a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, forward: str, dgrad: str, wgrad: str, rounding: str,
+    cache: bool,
 ) -> torch.Tensor:
-    return _forward(a, b, offs, recipe, rounding)
+    return _forward(a, b, offs, forward, dgrad, wgrad, rounding, cache)
 
 
 @grouped_mm_op.register_fake
-def _(a, b, offs, recipe, rounding, wgrad):
+def _(a, b, offs, forward, dgrad, wgrad, rounding, cache):
     return a.new_empty(a.shape[0], b.shape[-1])
 
 
 @torch.library.custom_op(f"{LIB}::grouped_mm_dgrad", mutates_args=())
 def grouped_mm_dgrad_op(
-    grad: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, recipe: str, rounding: str
+    grad: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, recipe: str, rounding: str, cache: bool
 ) -> torch.Tensor:
-    return _dgrad(grad, b, offs, recipe, rounding)
+    return _dgrad(grad, b, offs, recipe, rounding, cache)
 
 
 @grouped_mm_dgrad_op.register_fake
-def _(grad, b, offs, recipe, rounding):
+def _(grad, b, offs, recipe, rounding, cache):
     return grad.new_empty(grad.shape[0], b.shape[-2])
 
 
@@ -80,9 +84,9 @@ def _(grad, a, offs, recipe, rounding):
 
 
 def _setup_context(ctx, inputs, output):
-    a, b, offs, recipe, rounding, wgrad = inputs
+    a, b, offs, forward, dgrad, wgrad, rounding, cache = inputs
     ctx.save_for_backward(a, b, offs)
-    ctx.recipe, ctx.rounding, ctx.wgrad = recipe, rounding, wgrad
+    ctx.dgrad, ctx.wgrad, ctx.rounding, ctx.cache = dgrad, wgrad, rounding, cache
 
 
 def _backward(ctx, grad):
@@ -90,17 +94,14 @@ def _backward(ctx, grad):
     grad = grad.contiguous()  # incoming gradients may be expanded (zero strides)
     da = db = None
     if ctx.needs_input_grad[0]:
-        da = grouped_mm_dgrad_op(grad, b, offs, ctx.recipe, ctx.rounding)
+        da = grouped_mm_dgrad_op(grad, b, offs, ctx.dgrad, ctx.rounding, ctx.cache)
     if ctx.needs_input_grad[1]:
         # the weight gradient is symmetric in its operands: compute it in the weight's own
         # layout (b is usually a transposed view of [E, N, K]), which saves a transposing copy
         x, y = (grad, a) if b.stride(-2) == 1 else (a, grad)
-        if ctx.wgrad == "bf16":
-            db = torch._grouped_mm(x.to(OUT_DTYPE).t(), y.to(OUT_DTYPE), offs)
-        else:
-            db = grouped_mm_wgrad_op(y, x, offs, ctx.recipe, ctx.rounding)
+        db = grouped_mm_wgrad_op(y, x, offs, ctx.wgrad, ctx.rounding)
         db = (db.transpose(-2, -1) if b.stride(-2) == 1 else db).to(b.dtype)
-    return da, db, None, None, None, None
+    return da, db, None, None, None, None, None, None
 
 
 grouped_mm_op.register_autograd(_backward, setup_context=_setup_context)
@@ -110,36 +111,38 @@ grouped_mm_op.register_autograd(_backward, setup_context=_setup_context)
 # Dense linears
 
 
-def _dense_forward(x, w, recipe, rounding, wgrad=None, *, decomposing=False):
-    return _result(RECIPES[recipe].dense_forward(x, w, rounding, decomposing), x)
+def _dense_forward(x, w, forward, dgrad, wgrad, rounding, cache, *, decomposing=False):
+    return _result(RECIPES[forward].dense_forward(x, w, rounding, cache, decomposing), x)
 
 
-def _dense_dgrad(grad, w, recipe, rounding, *, decomposing=False):
-    return _result(RECIPES[recipe].dense_dgrad(grad, w, rounding, decomposing), grad)
+def _dense_dgrad(grad, w, recipe, rounding, cache, *, decomposing=False):
+    return _result(RECIPES[recipe].dense_dgrad(grad, w, rounding, cache, decomposing), grad)
 
 
 def _dense_wgrad(grad, x, recipe, rounding, *, decomposing=False):
-    return _result(RECIPES[recipe].dense_wgrad(grad, x, rounding, decomposing), grad)
+    return _result(RECIPES[recipe].dense_wgrad(grad, x, rounding, False, decomposing), grad)
 
 
 @torch.library.custom_op(f"{LIB}::linear", mutates_args=())
-def linear_op(x: torch.Tensor, w: torch.Tensor, recipe: str, rounding: str, wgrad: str) -> torch.Tensor:
+def linear_op(
+    x: torch.Tensor, w: torch.Tensor, forward: str, dgrad: str, wgrad: str, rounding: str, cache: bool
+) -> torch.Tensor:
     """x[M, K] @ w[N, K]^T in the recipe (the bias is added outside, in the input's dtype)."""
-    return _dense_forward(x, w, recipe, rounding)
+    return _dense_forward(x, w, forward, dgrad, wgrad, rounding, cache)
 
 
 @linear_op.register_fake
-def _(x, w, recipe, rounding, wgrad):
+def _(x, w, forward, dgrad, wgrad, rounding, cache):
     return x.new_empty(x.shape[0], w.shape[0])
 
 
 @torch.library.custom_op(f"{LIB}::linear_dgrad", mutates_args=())
-def linear_dgrad_op(grad: torch.Tensor, w: torch.Tensor, recipe: str, rounding: str) -> torch.Tensor:
-    return _dense_dgrad(grad, w, recipe, rounding)
+def linear_dgrad_op(grad: torch.Tensor, w: torch.Tensor, recipe: str, rounding: str, cache: bool) -> torch.Tensor:
+    return _dense_dgrad(grad, w, recipe, rounding, cache)
 
 
 @linear_dgrad_op.register_fake
-def _(grad, w, recipe, rounding):
+def _(grad, w, recipe, rounding, cache):
     return grad.new_empty(grad.shape[0], w.shape[1])
 
 
@@ -154,9 +157,9 @@ def _(grad, x, recipe, rounding):
 
 
 def _setup_linear(ctx, inputs, output):
-    x, w, recipe, rounding, wgrad = inputs
+    x, w, forward, dgrad, wgrad, rounding, cache = inputs
     ctx.save_for_backward(x, w)
-    ctx.recipe, ctx.rounding, ctx.wgrad = recipe, rounding, wgrad
+    ctx.dgrad, ctx.wgrad, ctx.rounding, ctx.cache = dgrad, wgrad, rounding, cache
 
 
 def _linear_backward(ctx, grad):
@@ -164,13 +167,10 @@ def _linear_backward(ctx, grad):
     grad = grad.contiguous()
     dx = dw = None
     if ctx.needs_input_grad[0]:
-        dx = linear_dgrad_op(grad, w, ctx.recipe, ctx.rounding)
+        dx = linear_dgrad_op(grad, w, ctx.dgrad, ctx.rounding, ctx.cache)
     if ctx.needs_input_grad[1]:
-        if ctx.wgrad == "bf16":
-            dw = torch.mm(grad.to(OUT_DTYPE).t(), x.to(OUT_DTYPE)).to(w.dtype)
-        else:
-            dw = linear_wgrad_op(grad, x, ctx.recipe, ctx.rounding).to(w.dtype)
-    return dx, dw, None, None, None
+        dw = linear_wgrad_op(grad, x, ctx.wgrad, ctx.rounding).to(w.dtype)
+    return dx, dw, None, None, None, None, None
 
 
 linear_op.register_autograd(_linear_backward, setup_context=_setup_linear)
@@ -195,17 +195,21 @@ def grouped_mm(
     recipe: str = "mxfp8",
     rounding: str = "rceil",
     wgrad: str = "quantized",
+    weight_cache: bool = True,
 ) -> torch.Tensor:
     """FP8 drop-in for `torch._grouped_mm(a[M, K], b[E, K, N], offs)` -> [M, N] in a's dtype.
 
-    Forward, input-gradient and weight-gradient GEMMs run in the recipe, "mxfp8" or
-    "fp8_rowwise" (`wgrad="bf16"` keeps the weight gradient in bf16). `b` may be a transposed
-    view of [E, N, K] or a contiguous [E, K, N]; token groups may have any size (0 and
-    non-multiples of 32 included). As with `torch._grouped_mm`, output rows past offs[-1] are
-    unspecified.
+    Forward, input-gradient and weight-gradient GEMMs run in the recipe, "mxfp8", "fp8_rowwise"
+    or "auto" (each GEMM the fastest of those and bf16 for its shape, lowering/auto.py);
+    `wgrad="bf16"` keeps the weight gradient in bf16, `weight_cache` reuses b's quantization
+    until b changes (lowering/weights.py). `b` may be a transposed view of [E, N, K] or a
+    contiguous [E, K, N]; token groups may have any size (0 and non-multiples of 32 included).
+    As with `torch._grouped_mm`, output rows past offs[-1] are unspecified.
     """
     check_grouped_mm_args(a, b, offs, recipe, rounding, wgrad)
-    return grouped_mm_op(a, b, offs, recipe, rounding, wgrad)
+    plan = plan_for(recipe, wgrad, M=a.shape[0], K=b.shape[-2], N=b.shape[-1], E=b.shape[0], dense=False,
+                    device=a.device)
+    return grouped_mm_op(a, b, offs, *plan.recipes, rounding, weight_cache)
 
 
 def linear(
@@ -216,16 +220,20 @@ def linear(
     recipe: str = "mxfp8",
     rounding: str = "rceil",
     wgrad: str = "quantized",
+    weight_cache: bool = True,
 ) -> torch.Tensor:
     """FP8 drop-in for `F.linear(x[..., K], w[N, K], bias)` -> [..., N] in x's dtype: forward,
     input-gradient and weight-gradient GEMMs in the recipe, each quantized along its own
-    contraction (K, N, and the tokens)."""
+    contraction (K, N, and the tokens); the other options as for `grouped_mm`."""
     check_linear_args(x, w, bias, recipe, rounding, wgrad)
-    return linear_body(x, w, bias, recipe, rounding, wgrad)
+    plan = plan_for(recipe, wgrad, M=x.numel() // x.shape[-1], K=w.shape[1], N=w.shape[0], E=1, dense=True,
+                    device=x.device)
+    return linear_body(x, w, bias, *plan.recipes, rounding, weight_cache)
 
 
-def linear_body(x, w, bias, recipe, rounding, wgrad):
-    """`linear` without the argument checks: what the pass puts in a graph."""
-    out = linear_op(x.reshape(-1, x.shape[-1]), w, recipe, rounding, wgrad)
+def linear_body(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, forward: str, dgrad: str, wgrad: str,
+                rounding: str, cache: bool) -> torch.Tensor:
+    """`linear` without the argument checks, one recipe per GEMM: what the pass puts in a graph."""
+    out = linear_op(x.reshape(-1, x.shape[-1]), w, forward, dgrad, wgrad, rounding, cache)
     out = out.reshape(*x.shape[:-1], w.shape[0])
     return out if bias is None else out + bias

@@ -13,6 +13,7 @@ import types
 import torch
 
 from ..kernels import rowwise
+from . import weights
 from .library import OUT_DTYPE, define
 
 
@@ -24,7 +25,8 @@ def has_fp8_grouped_mm(device: torch.device) -> bool:
 
 
 def kernels(device: torch.device) -> types.ModuleType:
-    """The rowwise weight-gradient quantizers: Triton twins on GPUs, the pure-torch contract elsewhere."""
+    """The rowwise quantizers Inductor does badly (weight-gradient operands, both operands of a
+    weight): Triton twins on GPUs, the pure-torch contract elsewhere."""
     if device.type == "cuda":
         from ..kernels import triton_rowwise  # imported lazily: triton is optional off Linux
 
@@ -92,23 +94,63 @@ def _gemm(a, b, scale_a, scale_b, offs) -> torch.Tensor:
     return torch._scaled_grouped_mm(a, b, scale_a, scale_b, offs=offs, out_dtype=OUT_DTYPE)
 
 
+def _weight_operand(b_EKN: torch.Tensor, rounding: str, dgrad: bool, cache: bool):
+    """The weight's FP8 operand and scales for the forward ([E, K, N] view, scales [E, N]) or
+    the input gradient ([E, N, K] view, scales [E, K]); both come from one quantization of the
+    weight, which the cache keeps for the other role and the next microbatches."""
+    data_ENK, scales_EN, data_EKN, scales_EK = weights.quantized(
+        b_EKN, ("fp8_rowwise", rounding), lambda b: kernels(b.device).quantize_weight(b, rounding), cache)
+    return (data_EKN.transpose(-2, -1), scales_EK) if dgrad else (data_ENK.transpose(-2, -1), scales_EN)
+
+
+def _cached_weight_gemm(x_fp8, x_scales, b_EKN, offs, rounding, dgrad):
+    """x_fp8 [M, C] times the cached FP8 weight operand: grouped when offs is given, else dense
+    (b_EKN then [1, K, N], a dense weight's transposed view)."""
+    w_fp8, w_scales = _weight_operand(b_EKN, rounding, dgrad, cache=True)
+    if offs is None:
+        return _mm(x_fp8, w_fp8[0], x_scales, w_scales[0])
+    return _gemm(x_fp8, w_fp8, x_scales, w_scales, offs)
+
+
+def _cached_weight_gemm_fake(x_fp8, x_scales, b_EKN, offs, rounding, dgrad):
+    return x_fp8.new_empty(x_fp8.shape[0], b_EKN.shape[-2 if dgrad else -1], dtype=OUT_DTYPE)
+
+
+# an opaque op, so that the cached operand never becomes a buffer Inductor could reuse
+cached_weight_gemm_op = define(
+    "rowwise_cached_weight_gemm",
+    "(Tensor x_fp8, Tensor x_scales, Tensor b, Tensor? offs, str rounding, bool dgrad) -> Tensor",
+    _cached_weight_gemm, _cached_weight_gemm_fake,
+)
+
+
+def _weight_gemm(x_MC, b_EKN, offs, rounding, cache, dgrad):
+    """x [M, C] (C = K forward, N input gradient) times the weight in FP8, x quantized here,
+    where Inductor fuses it with its producer."""
+    x_fp8, x_scales = rowwise.quantize_rows(x_MC, -1, rounding)
+    x_fp8 = x_fp8.contiguous()
+    if cache:
+        return cached_weight_gemm_op(x_fp8, x_scales, b_EKN, offs, rounding, dgrad)
+    w_fp8, w_scales = rowwise.quantize_rows(b_EKN if dgrad else b_EKN.transpose(-2, -1), -1, rounding)
+    w_fp8 = w_fp8.contiguous().transpose(-2, -1)
+    if offs is None:
+        return _mm(x_fp8, w_fp8[0], x_scales, w_scales[0])
+    return _gemm(x_fp8, w_fp8, x_scales, w_scales, offs)
+
+
 # --------------------------------------------------------------------------------------------
 # The three GEMMs (see lowering/ops.py for the common interface); every path here decomposes
 
 
-def forward(a_MK, b_EKN, offs, rounding, decomposing):
-    a_fp8_MK, a_scales_M = rowwise.quantize_rows(a_MK, -1, rounding)
-    w_fp8_ENK, w_scales_EN = rowwise.quantize_rows(b_EKN.transpose(-2, -1), -1, rounding)
-    return _gemm(a_fp8_MK.contiguous(), w_fp8_ENK.contiguous().transpose(-2, -1), a_scales_M, w_scales_EN, offs)
+def forward(a_MK, b_EKN, offs, rounding, cache, decomposing):
+    return _weight_gemm(a_MK, b_EKN, offs, rounding, cache, dgrad=False)
 
 
-def dgrad(grad_MN, b_EKN, offs, rounding, decomposing):
-    g_fp8_MN, g_scales_M = rowwise.quantize_rows(grad_MN, -1, rounding)
-    w_fp8_EKN, w_scales_EK = rowwise.quantize_rows(b_EKN, -1, rounding)
-    return _gemm(g_fp8_MN.contiguous(), w_fp8_EKN.contiguous().transpose(-2, -1), g_scales_M, w_scales_EK, offs)
+def dgrad(grad_MN, b_EKN, offs, rounding, cache, decomposing):
+    return _weight_gemm(grad_MN, b_EKN, offs, rounding, cache, dgrad=True)
 
 
-def wgrad(grad_MN, a_MK, offs, rounding, decomposing):
+def wgrad(grad_MN, a_MK, offs, rounding, cache, decomposing):
     if has_fp8_grouped_mm(a_MK.device) and a_MK.shape[0] < BF16_WGRAD_MAX_TOKENS_PER_GROUP * offs.numel():
         # same rounding as below; Inductor fuses each operand's rounding into one pass after its amax
         a_q = rowwise.quantize_dequantize_groups(a_MK, offs, group_amax_op(a_MK, offs), rounding)
@@ -121,7 +163,7 @@ def wgrad(grad_MN, a_MK, offs, rounding, decomposing):
 
 # --------------------------------------------------------------------------------------------
 # Dense linears, out[M, N] = x[M, K] @ w[N, K]^T: torch's rowwise FP8 GEMM on compute capability
-# 9.x, emulated elsewhere
+# 9.x, emulated elsewhere; the weight as a one-expert [1, K, N] view
 
 
 def _mm(a_MK, b_KN, scale_M, scale_N) -> torch.Tensor:
@@ -134,19 +176,15 @@ def _mm(a_MK, b_KN, scale_M, scale_N) -> torch.Tensor:
     return torch.mm(a, b)
 
 
-def dense_forward(x_MK, w_NK, rounding, decomposing):
-    x_fp8, x_scales_M = rowwise.quantize_rows(x_MK, -1, rounding)
-    w_fp8, w_scales_N = rowwise.quantize_rows(w_NK, -1, rounding)
-    return _mm(x_fp8.contiguous(), w_fp8.contiguous().t(), x_scales_M, w_scales_N)
+def dense_forward(x_MK, w_NK, rounding, cache, decomposing):
+    return _weight_gemm(x_MK, w_NK.t()[None], None, rounding, cache, dgrad=False)
 
 
-def dense_dgrad(grad_MN, w_NK, rounding, decomposing):
-    g_fp8, g_scales_M = rowwise.quantize_rows(grad_MN, -1, rounding)
-    w_fp8_KN, w_scales_K = rowwise.quantize_rows(w_NK.t(), -1, rounding)
-    return _mm(g_fp8.contiguous(), w_fp8_KN.contiguous().t(), g_scales_M, w_scales_K)
+def dense_dgrad(grad_MN, w_NK, rounding, cache, decomposing):
+    return _weight_gemm(grad_MN, w_NK.t()[None], None, rounding, cache, dgrad=True)
 
 
-def dense_wgrad(grad_MN, x_MK, rounding, decomposing):
+def dense_wgrad(grad_MN, x_MK, rounding, cache, decomposing):
     if has_fp8_grouped_mm(x_MK.device):
         # torch's FP8 GEMM takes a contraction (here the tokens) in multiples of 16; zero rows
         # change no scale and add nothing

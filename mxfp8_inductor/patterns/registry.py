@@ -24,14 +24,15 @@ ATTR = "_mxfp8_mark"
 class Marked:
     fqn: str
     config: MXFP8Config
+    filtered: bool = False  # the config's filter_fn returned False for the module
 
 
 _MODULES: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
 
-def mark(module: torch.nn.Module, fqn: str, config: MXFP8Config) -> None:
+def mark(module: torch.nn.Module, fqn: str, config: MXFP8Config, filtered: bool = False) -> None:
     """Mark `module` (global FQN `fqn`) and every parameter it holds, now or later."""
-    module.__dict__[ATTR] = Marked(fqn, config)
+    module.__dict__[ATTR] = Marked(fqn, config, filtered)
     _MODULES.add(module)
 
 
@@ -49,7 +50,7 @@ def marked_params() -> dict[int, tuple[torch.nn.Parameter, Marked]]:
         for name, param in module._parameters.items():
             if mark_ is not None and param is not None:
                 fqn = f"{mark_.fqn}.{name}" if mark_.fqn else name
-                out[id(param)] = (param, Marked(fqn, mark_.config))
+                out[id(param)] = (param, Marked(fqn, mark_.config, mark_.filtered))
     return out
 
 

@@ -14,6 +14,7 @@ import warnings
 import torch
 import torch.fx
 
+from ..lowering.auto import Plan, plan_for
 from ..lowering.ops import linear_body  # (importing it registers torch.ops.mxfp8)
 from ..options import MXFP8Config
 from .sites import Site, _val, find_sites
@@ -37,14 +38,33 @@ class SiteReport:
     node: str
 
 
-def _replace(site: Site, config: MXFP8Config) -> str:
+def _hint(n) -> int | None:
+    """A size's value at compile time (the example's, for a dynamic one)."""
+    if isinstance(n, torch.SymInt):
+        return n.node.hint
+    return int(n)
+
+
+def plan(site: Site, config: MXFP8Config) -> Plan:
+    """The recipe of each of the site's GEMMs (lowering/auto.py)."""
+    a, b = _val(site.a), _val(site.b)
+    if site.dense:
+        N, K = b.shape
+        rows = _hint(a.numel())
+        M, E = (None if rows is None else rows // K), 1
+    else:
+        (E, K, N), M = b.shape, _hint(a.shape[0])
+    return plan_for(config.recipe, config.wgrad, M=M, K=K, N=N, E=E, dense=site.dense, device=b.device)
+
+
+def _replace(site: Site, config: MXFP8Config, recipes: tuple[str, str, str]) -> str:
     gm, node = site.gm, site.node
     with gm.graph.inserting_before(node):
         if site.dense:
-            args = (site.a, site.b, site.args.get("bias"), config.recipe, config.rounding, config.wgrad)
+            args = (site.a, site.b, site.args.get("bias"), *recipes, config.rounding, config.weight_cache)
             new = gm.graph.call_function(linear_body, args)
         else:
-            args = (site.a, site.b, site.offs, config.recipe, config.rounding, config.wgrad)
+            args = (site.a, site.b, site.offs, *recipes, config.rounding, config.weight_cache)
             new = gm.graph.call_function(torch.ops.mxfp8.grouped_mm.default, args)
     new.meta.update(node.meta)
     node.replace_all_uses_with(new)
@@ -67,18 +87,21 @@ def _needs_grad(x) -> bool:
     return not isinstance(val, torch.Tensor) or val.requires_grad
 
 
-def _rows(site: Site, node_name: str, action: str, reason: str, config: MXFP8Config) -> list[SiteReport]:
+def _rows(site: Site, node_name: str, action: str, reason: str, config: MXFP8Config,
+          recipes: Plan | None) -> list[SiteReport]:
     rows = []
-    for role in ROLES:
+    for i, role in enumerate(ROLES):
         act, why = action, reason
+        if recipes is not None and config.recipe == "auto" and recipes.recipes[i] != "bf16":
+            why = f"{reason}; {recipes.reasons[i]}"
         if action == "rewritten" and role != "forward" and not _needs_grad(site.node):
             act, why = "not computed", "the output needs no gradient (grad mode off, or no input requires one)"
         elif action == "rewritten" and role == "input-grad" and not _needs_grad(site.a):
             act, why = "not computed", "the tokens need no gradient"
         elif action == "rewritten" and role == "weight-grad" and not _needs_grad(site.b):
             act, why = "not computed", "the weight needs no gradient"
-        elif action == "rewritten" and role == "weight-grad" and config.wgrad == "bf16":
-            act, why = "kept bf16", "wgrad='bf16'"
+        elif action == "rewritten" and recipes is not None and recipes.recipes[i] == "bf16":
+            act, why = "kept bf16", recipes.reasons[i]
         rows.append(SiteReport(site.module_fqn, site.weight_fqn, role, act, why, node_name))
     return rows
 
@@ -115,22 +138,28 @@ def rewrite(gm: torch.fx.GraphModule, config: MXFP8Config | None) -> list[SiteRe
                 continue
             cfg = site.marked.config
         problem = site.problem(cfg)
+        recipes = None
         if problem:
             action, reason = "skipped", problem
         else:
             ok, reason = cfg.decide(site.module_fqn, site.weight_fqn, site.dense)
+            if ok and site.marked is not None and site.marked.filtered and cfg is site.marked.config:
+                ok, reason = False, "excluded by filter_fn"
             action = "rewritten" if ok else "excluded"
         name = node.name
         if action == "rewritten":
-            name = _replace(site, cfg)
-            touched[id(site.gm)] = site.gm
+            recipes = plan(site, cfg)
+            if recipes.recipes == ("bf16",) * 3:  # auto found FP8 slower for all three GEMMs
+                node.meta[DECIDED] = True
+            else:
+                name = _replace(site, cfg, recipes.recipes)
+                touched[id(site.gm)] = site.gm
         else:
             node.meta[DECIDED] = True
-        rows += _rows(site, name, action, reason, cfg)
+        rows += _rows(site, name, action, reason, cfg, recipes)
     for module in touched.values():
         module.graph.lint()
         module.recompile()
     for r in rows:
-        if r.role == "forward":
-            log.info("mxfp8: %s %s (%s): %s", r.action, r.weight_fqn or r.module_fqn, r.node, r.reason)
+        log.info("mxfp8: %s %s %s (%s): %s", r.role, r.action, r.weight_fqn or r.module_fqn, r.node, r.reason)
     return rows

@@ -183,3 +183,23 @@ def test_rowwise_and_mxfp8_differ_only_where_a_row_spans_a_wide_range():
     mx_x = reference.quantize_dequantize(x, -1, "rceil", torch.float32)
     data, scale = rowwise.quantize_rows(x, -1)
     assert sqnr(x[:, 32:], mx_x[:, 32:]) > 25 > 5 > sqnr(x[:, 32:], data[:, 32:].float() * scale[:, None])
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("shape", [(3, 64, 96), (2, 70, 33), (1, 130, 40)])
+@pytest.mark.parametrize("rounding", ["rceil", "floor"])
+@pytest.mark.parametrize("layout", ["EKN", "ENK"])
+def test_triton_weight_quantizer_is_bit_exact(shape, rounding, layout):
+    """Both operands of a weight from one kernel pair, in either layout the weight arrives in
+    (a transposed view of [E, N, K], or contiguous), tiles ragged at both ends: bit-exact with
+    quantizing rows along K and along N separately, NaN/inf rows and subnormals included."""
+    g = torch.Generator().manual_seed(sum(shape))
+    b = (torch.randn(*shape, generator=g) * torch.logspace(-40, 30, shape[-1], base=2)).bfloat16()
+    b[0, 0, 0], b[-1, 1, 2], b[0, 3] = float("nan"), float("inf"), 0.0
+    b[-1, :, 5] = -2.0**-133  # a bf16 subnormal column
+    if layout == "ENK":
+        b = b.transpose(-2, -1).contiguous().transpose(-2, -1)
+    got, want = triton_rowwise.quantize_weight(b, rounding), rowwise.quantize_weight(b, rounding)
+    for a, w in zip(got, want):
+        assert_bitwise_equal(a, w)
+    assert want[0].shape == (shape[0], shape[2], shape[1]) and want[2].shape == shape

@@ -1,12 +1,14 @@
 """mxfp8_inductor.grouped_mm: accuracy vs bf16, paths, custom-op contracts, compile, bad input."""
 
+import functools
+
 import pytest
 import torch
 from helpers import assert_bitwise_equal, make_offs, sqnr
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import mxfp8_inductor as mx
-from mxfp8_inductor.kernels import reference, triton_mx
+from mxfp8_inductor.kernels import reference, rowwise, triton_mx
 from mxfp8_inductor.lowering import mxfp8 as mx_lowering
 from mxfp8_inductor.lowering import ops as gm
 from mxfp8_inductor.lowering import rowwise as rw_lowering
@@ -100,13 +102,18 @@ def test_opcheck():
     a, w, b_of, offs, grad = _problem(4, K=64, N=64, tail=0)
     b = b_of(w)
     for recipe in gm.RECIPES:
-        args = (a.requires_grad_(), b.requires_grad_(), offs, recipe, "rceil", "quantized")
+        args = (a.requires_grad_(), b.requires_grad_(), offs, recipe, recipe, recipe, "rceil", True)
         torch.library.opcheck(gm.grouped_mm_op, args)
-        torch.library.opcheck(gm.grouped_mm_op, (a, b, offs, recipe, "floor", "bf16"))
-        torch.library.opcheck(gm.grouped_mm_dgrad_op, (grad, b.detach(), offs, recipe, "rceil"))
+        torch.library.opcheck(gm.grouped_mm_op, (a, b, offs, recipe, recipe, "bf16", "floor", False))
+        torch.library.opcheck(gm.grouped_mm_dgrad_op, (grad, b.detach(), offs, recipe, "rceil", True))
         torch.library.opcheck(gm.grouped_mm_wgrad_op, (grad, a.detach(), offs, recipe, "rceil"))
     torch.library.opcheck(rw_lowering.quantize_groups_rowwise_op, (a.detach(), offs, "floor"))
     torch.library.opcheck(rw_lowering.group_amax_op, (a.detach(), offs))
+    a_fp8, a_scales = rowwise.quantize_rows(a.detach(), -1)
+    for dgrad, x_fp8, x_scales in ((False, a_fp8, a_scales), (True, *rowwise.quantize_rows(grad, -1))):
+        # (opcheck's schema test compares inputs with allclose, which float8 tensors lack)
+        torch.library.opcheck(rw_lowering.cached_weight_gemm_op, (x_fp8, x_scales, b.detach(), offs, "rceil", dgrad),
+                              test_utils=("test_faketensor", "test_autograd_registration"))
     torch.library.opcheck(mx_lowering.quantize_dequantize_op, (b.detach(), 1, "rceil"))
     torch.library.opcheck(mx_lowering.quantize_dequantize_groups_op, (a.detach(), offs, "floor"))
 
@@ -121,8 +128,8 @@ def test_inductor_sees_the_quantizers_and_computes_shared_ones_once():
     w3 = w.clone()
 
     def block(a, w, w3):
-        h = torch.nn.functional.silu(gm.grouped_mm_op(a, b_of(w), offs, "mxfp8", "rceil", "quantized"))
-        return h * gm.grouped_mm_op(a, b_of(w3), offs, "mxfp8", "rceil", "quantized")
+        h = torch.nn.functional.silu(gm.grouped_mm_op(a, b_of(w), offs, *["mxfp8"] * 3, "rceil", True))
+        return h * gm.grouped_mm_op(a, b_of(w3), offs, *["mxfp8"] * 3, "rceil", True)
 
     from torch._functorch.compile_utils import fx_graph_cse
 
@@ -207,6 +214,10 @@ def test_rowwise_operands_pass_torch_meta_checks(monkeypatch, transposed):
     assert sorted(seen) == sorted([(M, 96), (M, 128), (E, 96, 128) if transposed else (E, 128, 96)])
 
 
+def _rowwise_forward(a, b, offs, cache):
+    return gm.grouped_mm_op(a, b, offs, *["fp8_rowwise"] * 3, "rceil", cache)
+
+
 @pytest.mark.parametrize("tokens_per_group, gemm", [(64, "mxfp8.fp8_grouped_mm.default"),
                                                      (2048, "aten._scaled_grouped_mm.default")])
 def test_rowwise_forward_decomposes_to_fusible_ops_and_a_visible_fp8_gemm(monkeypatch, tokens_per_group, gemm):
@@ -222,12 +233,18 @@ def test_rowwise_forward_decomposes_to_fusible_ops_and_a_visible_fp8_gemm(monkey
         a = torch.empty(4 * tokens_per_group, 128, dtype=torch.bfloat16, device="cuda")
         w = torch.empty(4, 96, 128, dtype=torch.bfloat16, device="cuda")
         offs = torch.empty(4, dtype=torch.int32, device="cuda")
-        graph = make_fx(lambda a, b, o: gm.grouped_mm_op(a, b, o, "fp8_rowwise", "rceil", "quantized"),
-                        decomposition_table=select_decomp_table())(a, w.transpose(-2, -1), offs).graph
-    targets = [str(n.target) for n in graph.nodes if n.op == "call_function"]
+        graphs = [make_fx(functools.partial(_rowwise_forward, cache=cache),
+                          decomposition_table=select_decomp_table())(a, w.transpose(-2, -1), offs).graph
+                  for cache in (False, True)]
+    targets = [str(n.target) for n in graphs[0].nodes if n.op == "call_function"]
     assert [t for t in targets if "grouped_mm" in t] == [gemm]
     assert targets.count("aten.amax.default") == 2  # one scale per token row, one per expert row
     assert not any(t.startswith("mxfp8.") and t != gemm for t in targets)
+    # with the weight cache the weight's quantization and the GEMM are one opaque op
+    cached = [str(n.target) for n in graphs[1].nodes if n.op == "call_function"]
+    assert [t for t in cached if t.startswith("mxfp8.") or "grouped_mm" in t] == [
+        "mxfp8.rowwise_cached_weight_gemm.default"]
+    assert cached.count("aten.amax.default") == 1
     # the weight gradient (2d-2d): torch's FP8 kernel for large groups, its bf16 one on the
     # FP8-rounded operands (rounded by fusible aten ops after our group amax) for small ones
     # (on the meta device: a CPU-only torch cannot run the row gather's fake kernel for CUDA)
@@ -253,9 +270,9 @@ def test_rowwise_small_group_weight_grad_is_the_fp8_one_in_bf16(monkeypatch, siz
     a = torch.randn(M, 64, generator=g).bfloat16()
     grad = (torch.randn(M, 32, generator=g) * 1e3).bfloat16()
     a[M - 1] = float("nan")
-    want = rw_lowering.wgrad(grad, a, offs, "rceil", False)
+    want = rw_lowering.wgrad(grad, a, offs, "rceil", False, False)
     monkeypatch.setattr(rw_lowering, "has_fp8_grouped_mm", lambda device: True)
-    got = rw_lowering.wgrad(grad, a, offs, "rceil", False)
+    got = rw_lowering.wgrad(grad, a, offs, "rceil", False, False)
     assert_bitwise_equal(got, want)
     assert all(torch.all(got[e] == 0) for e, n in enumerate(sizes) if n == 0)
 

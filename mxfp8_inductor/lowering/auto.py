@@ -1,0 +1,114 @@
+"""Which recipe runs each GEMM: the options' recipe, or with `recipe="auto"` the fastest of
+fp8_rowwise, mxfp8 and bf16 by a cost model of the GEMM's shape (docs/design.md, "recipe='auto'").
+
+The cost model is data: `auto_h200.json`, made by benchmarks/calibrate_auto.py on an H200, holds
+each recipe's time over bf16's for every role at calibrated (K, N) shapes and token counts.
+A GEMM takes the calibrated shape nearest its own (K, N) in log space, interpolates over the
+tokens per group (the rows of a dense GEMM) in log space, and runs in FP8 only where that is
+at least `MARGIN` faster than bf16, so measurement noise does not turn into a slower model.
+Times are with the weight cache on (a weight's quantization costs once per optimizer step).
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import json
+import math
+import pathlib
+from typing import NamedTuple
+
+import torch
+
+from ..eligibility import MULTIPLE_OF
+
+ROLES = ("forward", "input-grad", "weight-grad")
+FP8 = ("fp8_rowwise", "mxfp8")
+MARGIN = 0.03
+_DATA = pathlib.Path(__file__).with_name("auto_h200.json")
+
+
+class Plan(NamedTuple):
+    """One recipe per GEMM (forward, input gradient, weight gradient) and why."""
+
+    recipes: tuple[str, str, str]
+    reasons: tuple[str, str, str]
+
+
+@functools.cache
+def table() -> dict:
+    """The calibration: {"grouped"|"dense": [{"K", "N", "role", "recipe", "tokens", "ratio"}]}."""
+    return json.loads(_DATA.read_text())
+
+
+def _interp(xs: list[float], ys: list[float], x: float) -> float:
+    """Piecewise-linear in log(x), constant past the ends."""
+    lx = [math.log(v) for v in xs]
+    t = math.log(max(x, 1.0))
+    if t <= lx[0]:
+        return ys[0]
+    if t >= lx[-1]:
+        return ys[-1]
+    i = bisect.bisect_right(lx, t)
+    w = (t - lx[i - 1]) / (lx[i] - lx[i - 1])
+    return ys[i - 1] * (1 - w) + ys[i] * w
+
+
+def ratio(kind: str, role: str, recipe: str, K: int, N: int, tokens: float) -> float | None:
+    """Calibrated time of `recipe` over bf16's for this GEMM, None where not calibrated."""
+    rows = [r for r in table()[kind] if r["role"] == role and r["recipe"] == recipe]
+    if not rows:
+        return None
+    nearest = min(rows, key=lambda r: math.hypot(math.log(r["K"] / K), math.log(r["N"] / N)))
+    return _interp(nearest["tokens"], nearest["ratio"], tokens)
+
+
+def _auto(M: int | None, K: int, N: int, E: int, dense: bool) -> Plan:
+    if M is None:
+        return Plan(("bf16",) * 3, ("token count unknown at compile time",) * 3)
+    tokens = M if dense else M / max(E, 1)
+    recipes, reasons = [], []
+    for role in ROLES:
+        fits = [r for r in FP8 if K % MULTIPLE_OF[r] == 0 and N % MULTIPLE_OF[r] == 0]
+        costs = {r: c for r in fits if (c := ratio("dense" if dense else "grouped", role, r, K, N, tokens)) is not None}
+        best = min(costs, key=costs.get, default=None)
+        unit = "rows" if dense else "tokens per group"
+        if best is not None and costs[best] < 1 - MARGIN:
+            recipes.append(best)
+            reasons.append(f"{best} {1 / costs[best]:.2f}x bf16 at {tokens:.0f} {unit}")
+        else:
+            recipes.append("bf16")
+            shown = ", ".join(f"{r} {1 / c:.2f}x" for r, c in costs.items()) or "no FP8 recipe fits"
+            reasons.append(f"bf16: {shown} at {tokens:.0f} {unit}")
+    return Plan(tuple(recipes), tuple(reasons))
+
+
+def _uncalibrated(device: torch.device | None) -> str | None:
+    """Why the H200 table does not apply on this device, None where it does (compute capability
+    9.x, and CPU, which mirrors it so that tests see its choices)."""
+    if device is None or device.type != "cuda" or torch.version.hip is not None:
+        return None
+    major = torch.cuda.get_device_capability(device)[0]
+    if major == 10:
+        return "mxfp8"
+    return None if major == 9 else "bf16"
+
+
+def plan_for(recipe: str, wgrad: str, *, M: int | None, K: int, N: int, E: int, dense: bool,
+             device: torch.device | None = None) -> Plan:
+    """The recipe of each GEMM of one site: `recipe` for all three (the weight gradient in bf16
+    with wgrad="bf16"), or with "auto" the cost model's choice for M token rows (None: unknown)
+    on `device`: compute capability 10.x takes native MXFP8 everywhere (not calibrated here),
+    GPUs without FP8 tensor cores bf16."""
+    fixed = _uncalibrated(device) if recipe == "auto" else None
+    if fixed == "mxfp8" and K % MULTIPLE_OF["mxfp8"] == 0 and N % MULTIPLE_OF["mxfp8"] == 0:
+        plan = Plan(("mxfp8",) * 3, ("compute capability 10.x: native MXFP8 (the cost model is Hopper's)",) * 3)
+    elif fixed is not None:
+        plan = Plan(("bf16",) * 3, ("no calibrated FP8 GEMM on this GPU",) * 3)
+    elif recipe == "auto":
+        plan = _auto(M, K, N, E, dense)
+    else:
+        plan = Plan((recipe,) * 3, (recipe,) * 3)
+    if wgrad == "bf16":
+        plan = Plan((*plan.recipes[:2], "bf16"), (*plan.reasons[:2], "wgrad='bf16'"))
+    return plan

@@ -1,0 +1,59 @@
+"""Quantized weights kept across the microbatches of an optimizer step (docs/design.md, "Weight
+cache").
+
+Weights do not change between the forward and backward passes of the microbatches that one
+optimizer step accumulates, so their FP8 operands are computed once and reused. An entry is
+served only while its weight has the same storage, data pointer, layout and version counter as
+when it was made, and no optimizer has stepped since: every in-place write through autograd's
+view of a tensor (optimizer updates, `copy_`, `load_state_dict`) bumps the version counter, and
+an optimizer step clears the whole cache, which also covers FSDP2, whose all-gathers refill the
+unsharded parameters with their version counter preserved. Writes through `.data` bypass the
+version counter, as they do for autograd: call `clear_weight_cache()` after them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+_entries: dict[tuple, tuple[StorageWeakRef, int, int, tuple[torch.Tensor, ...]]] = {}
+_hook = None
+
+
+def clear_weight_cache() -> None:
+    """Drop every cached quantized weight (the next GEMM of each weight quantizes it again)."""
+    _entries.clear()
+
+
+def _on_optimizer_step(optimizer, args, kwargs) -> None:
+    _entries.clear()
+
+
+def cached_bytes() -> int:
+    """Device bytes the cache holds."""
+    return sum(t.numel() * t.element_size() for *_, tensors in _entries.values() for t in tensors)
+
+
+def quantized(w: torch.Tensor, kind: tuple, quantize: Callable[[torch.Tensor], tuple[torch.Tensor, ...]],
+              cache: bool) -> tuple[torch.Tensor, ...]:
+    """`quantize(w)`, served from the cache while `w` is unchanged when `cache`; `kind` names
+    the quantization (its recipe, rounding, orientation)."""
+    if not cache or w.is_inference():  # inference tensors have no version counter
+        return quantize(w)
+    global _hook
+    if _hook is None:
+        _hook = register_optimizer_step_post_hook(_on_optimizer_step)
+    storage = w.untyped_storage()
+    ref = StorageWeakRef(storage)
+    key = (ref.cdata, w.storage_offset(), tuple(w.shape), w.stride(), w.dtype, w.device, kind)
+    entry = _entries.get(key)
+    if entry is not None and not entry[0].expired() and entry[1] == w.data_ptr() and entry[2] == w._version:
+        return entry[3]
+    for stale in [k for k, e in _entries.items() if e[0].expired()]:  # weights freed since
+        del _entries[stale]
+    out = quantize(w)
+    _entries[key] = (ref, w.data_ptr(), w._version, out)
+    return out

@@ -1,0 +1,138 @@
+"""The weight cache: FP8 operands reused across microbatches, never served stale."""
+
+import gc
+
+import pytest
+import torch
+from helpers import assert_bitwise_equal, make_offs
+
+import mxfp8_inductor as mx
+from mxfp8_inductor.kernels import rowwise
+from mxfp8_inductor.lowering import weights
+
+SIZES = [40, 0, 64, 17]
+
+
+class Experts(torch.nn.Module):
+    def __init__(self, E: int = 4, N: int = 64, K: int = 96) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.w_ENK = torch.nn.Parameter((torch.randn(E, N, K, generator=g) * 0.05).bfloat16())
+
+    def forward(self, x_MK: torch.Tensor, offs: torch.Tensor, cache: bool = True) -> torch.Tensor:
+        return mx.grouped_mm(x_MK, self.w_ENK.transpose(-2, -1), offs, recipe="fp8_rowwise", weight_cache=cache)
+
+
+@pytest.fixture
+def quantizations(monkeypatch):
+    """Counts the weight quantizations the cache lets through."""
+    weights.clear_weight_cache()
+    calls = []
+    quantize = rowwise.quantize_weight
+
+    def counted(b, rounding):
+        calls.append(b.shape)
+        return quantize(b, rounding)
+
+    monkeypatch.setattr(rowwise, "quantize_weight", counted)
+    yield calls
+    weights.clear_weight_cache()
+
+
+def _step(model, x, offs, cache):
+    """Output and gradients of one forward and backward."""
+    x = x.detach().requires_grad_()
+    out = model(x, offs, cache)
+    dx, dw = torch.autograd.grad(out.float().square().sum(), [x, model.w_ENK])
+    return out, dx, dw
+
+
+def _inputs(seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(sum(SIZES), 96, generator=g).bfloat16(), make_offs(SIZES)
+
+
+def test_one_quantization_serves_forward_backward_and_later_microbatches(quantizations):
+    model, (x, offs) = Experts(), _inputs()
+    want = _step(model, x, offs, cache=False)
+    n_uncached = len(quantizations)
+    assert n_uncached == 0  # without the cache the weight is quantized in the GEMMs' own code
+    for _ in range(3):
+        for got, ref in zip(_step(model, x, offs, cache=True), want):
+            assert_bitwise_equal(got, ref)
+    assert len(quantizations) == 1
+    assert weights.cached_bytes() == 2 * model.w_ENK.numel() + 4 * (64 + 96) * 4  # both orientations, fp32 scales
+
+
+@pytest.mark.parametrize("change", ["optimizer", "copy_", "load_state_dict", "clear"])
+def test_a_changed_weight_is_quantized_again(quantizations, change):
+    model, (x, offs) = Experts(), _inputs()
+    _step(model, x, offs, cache=True)
+    if change == "optimizer":
+        opt = torch.optim.SGD(model.parameters(), lr=10.0)
+        model.w_ENK.grad = torch.ones_like(model.w_ENK)
+        opt.step()
+    elif change == "copy_":
+        with torch.no_grad():
+            model.w_ENK.copy_(model.w_ENK * 3)
+    elif change == "load_state_dict":
+        model.load_state_dict({"w_ENK": model.w_ENK.detach() * -2})
+    else:
+        with torch.no_grad():
+            model.w_ENK.data.mul_(5)  # .data bypasses the version counter: the user clears
+        weights.clear_weight_cache()
+    got = _step(model, x, offs, cache=True)
+    for a, b in zip(got, _step(model, x, offs, cache=False)):
+        assert_bitwise_equal(a, b)
+    assert len(quantizations) == 2
+
+
+def test_entries_of_freed_weights_are_dropped(quantizations):
+    x, offs = _inputs()
+    model = Experts()
+    _step(model, x, offs, cache=True)
+    del model
+    gc.collect()
+    _step(Experts(N=32), x, offs, cache=True)  # a new entry sweeps out the dead one
+    assert len(weights._entries) == 1
+
+
+def test_fsdp2_regathered_weights_follow_the_optimizer(tmp_path, monkeypatch, quantizations):
+    """FSDP2 re-gathers a parameter into the same storage with its version counter preserved: the
+    cache must take the optimizer step's update, over steps of two microbatches each, exactly as
+    the uncached run does. With the optimizer-step hook disabled it serves the stale weight."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        def train(cache: bool) -> list[torch.Tensor]:
+            weights.clear_weight_cache()
+            model = Experts()
+            fully_shard(model)
+            opt = torch.optim.SGD(model.parameters(), lr=0.5)
+            outs = []
+            for step in range(3):
+                for micro in range(2):
+                    x, offs = _inputs(seed=10 * step + micro)
+                    out = model(x, offs, cache)
+                    out.float().square().mean().backward()
+                    outs.append(out.detach())
+                opt.step()
+                opt.zero_grad()
+            return outs
+
+        want = train(cache=False)
+        for got, ref in zip(train(cache=True), want):
+            assert_bitwise_equal(got, ref)
+        weights._hook.remove()
+        monkeypatch.setattr(weights, "register_optimizer_step_post_hook", lambda hook: None)
+        try:
+            stale = train(cache=True)
+        finally:
+            weights._hook = None  # the next use registers the hook again
+        assert not all(torch.equal(a, b) for a, b in zip(stale, want))
+    finally:
+        dist.destroy_process_group()
