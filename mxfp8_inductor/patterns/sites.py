@@ -31,10 +31,11 @@ _ARG_NAMES = {
     "bias": ("bias",),
     "out_dtype": ("out_dtype",),
 }
-# methods and functions that keep the weight's identity: views, transposes and dtype casts
+# methods and functions that keep the weight's identity: views, transposes, dtype casts, and a
+# DTensor's local shard (TorchTitan's experts compute on `w.to_local()` under expert parallelism)
 _PASS_THROUGH_METHODS = {
     "transpose", "permute", "t", "view", "reshape", "contiguous", "to", "bfloat16", "float", "type",
-    "type_as", "detach", "view_as", "clone",
+    "type_as", "detach", "view_as", "clone", "to_local",
 }
 _PASS_THROUGH_FUNCTIONS = {torch.transpose, torch.permute, torch.t, torch.reshape, torch.clone}
 _SOURCE_KEY = re.compile(r"\['([^']*)'\]")
