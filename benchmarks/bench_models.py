@@ -1,8 +1,12 @@
 """Whole-model training steps: transformers MoE models at real per-layer dimensions, bf16 against
 each recipe, one process per run.
 
-    python benchmarks/bench_models.py [--models qwen3_30b,mixtral_8x7b] [--variants bf16,mxfp8,fp8_rowwise]
+    python benchmarks/bench_models.py [--models qwen3_30b,mixtral_8x7b] [--variants bf16,mxfp8,fp8_rowwise,auto]
         [--depths 1,2] [--out benchmarks/results/models_h200.json]
+    python benchmarks/bench_models.py --combine a.json b.json --out benchmarks/results/models_h200.json
+
+A variant is bf16 or a recipe, with "+all" for targets="all" (dense linears too) and "+nocache"
+for weight_cache=False.
 
 A step is what training does: --microbatches forward + loss + backward passes (gradient
 accumulation), then AdamW. The whole model is compiled (backend="mxfp8" with the recipe, or
@@ -39,6 +43,12 @@ MODELS = {
     "gpt_oss_20b": ("GptOssConfig", dict(hidden_size=2880, intermediate_size=2880, num_local_experts=32,
                                          num_experts_per_tok=4, num_attention_heads=64, num_key_value_heads=8,
                                          head_dim=64), (4, 2048)),
+    # Llama-4-Scout's layer (16 experts top-1 plus a shared expert, hidden 5120, experts 8192) on
+    # transformers' Qwen2-MoE class: transformers' Llama 4 does not take the grouped_mm experts path
+    "l4scout_dims": ("Qwen2MoeConfig", dict(hidden_size=5120, intermediate_size=8192, moe_intermediate_size=8192,
+                                            shared_expert_intermediate_size=8192, num_experts=16,
+                                            num_experts_per_tok=1, num_attention_heads=40, num_key_value_heads=8,
+                                            norm_topk_prob=False), (4, 4096)),
     # one rank's slice of DeepSeek-V3's 256 experts under 8-way expert parallelism
     "dsv3_ep8_slice": ("DeepseekV3Config", dict(hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
                                                 n_routed_experts=32, num_experts_per_tok=8, n_group=1, topk_group=1,
@@ -69,10 +79,13 @@ def worker(args: argparse.Namespace) -> dict:
     torch.manual_seed(0)
     model, (batch, seq) = build(args.model, args.depth, args.device, args.tiny)
     vocab = model.config.vocab_size
-    if args.variant == "bf16":
+    recipe, *flags = args.variant.split("+")
+    if recipe == "bf16":
         compiled = torch.compile(model)
     else:
-        compiled = torch.compile(model, backend="mxfp8", options={"recipe": args.variant})
+        options = {"recipe": recipe, "targets": "all" if "all" in flags else "experts",
+                   "weight_cache": "nocache" not in flags}
+        compiled = torch.compile(model, backend="mxfp8", options=options)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=args.device == "cuda")
     g = torch.Generator(device=args.device).manual_seed(0)
     ids = [torch.randint(0, vocab, (batch, seq), device=args.device, generator=g) for _ in range(args.microbatches)]
@@ -136,6 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tiny", action="store_true", help="tiny dimensions: check the script on a CPU")
     p.add_argument("--timeout", type=float, default=600, help="seconds per run")
     p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results/models_h200.json"))
+    p.add_argument("--combine", nargs="+", type=pathlib.Path, help="summarize the runs of these result files")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--variant", help=argparse.SUPPRESS)
@@ -146,7 +160,11 @@ def main(argv: list[str] | None = None) -> None:
         return
     depths = [int(d) for d in args.depths.split(",")]
     runs = []
-    for model in args.models.split(","):
+    if args.combine:
+        parts = [json.loads(f.read_text()) for f in args.combine]
+        runs = [r for part in parts for r in part["runs"]]
+        args.models = ""
+    for model in filter(None, args.models.split(",")):
         for depth in depths:
             for variant in args.variants.split(","):
                 cmd = [sys.executable, __file__, "--worker", "--model", model, "--variant", variant,
@@ -172,6 +190,8 @@ def main(argv: list[str] | None = None) -> None:
               f"{r['peak_gb']:8.1f}")
     meta = {"gpu": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "torch": torch.__version__,
             "date": datetime.date.today().isoformat(), "microbatches": args.microbatches, "steps": args.steps}
+    if args.combine:
+        meta = {k: v for k, v in parts[0].items() if k not in ("rows", "runs")}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({**meta, "rows": rows, "runs": runs}, indent=1) + "\n")
     print(f"wrote {args.out}")

@@ -1,4 +1,5 @@
-"""Bar chart of bf16 time / recipe time per MoE shape from moe_block_h200.json, with the targets.
+"""Bar charts of bf16 time / recipe time: per MoE block shape (moe_block_h200.json, with the
+targets) and per whole model, per layer (models_h200.json).
 
     python benchmarks/plot_speedup.py  (needs matplotlib, a plotting-only dependency)
 """
@@ -18,27 +19,36 @@ TARGETS = {
 }
 
 
-def main() -> None:
-    data = json.loads((RESULTS / "moe_block_h200.json").read_text())
-    rows = data["rows"]
-    shapes = list(dict.fromkeys(r["shape"] for r in rows))
-    recipes = list(dict.fromkeys(r["recipe"] for r in rows))
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    width = 0.8 / len(recipes)
-    for i, recipe in enumerate(recipes):
-        speed = {r["shape"]: r["speedup"] for r in rows if r["recipe"] == recipe}
-        xs = [s + i * width for s in range(len(shapes))]
-        ax.bar(xs, [speed.get(s, 0) for s in shapes], width, label=f"{recipe} (measured)")
-        for x, shape in zip(xs, shapes):
-            if shape in TARGETS.get(recipe, {}):
-                ax.hlines(TARGETS[recipe][shape], x - width / 2, x + width / 2, colors="k", linestyles="--")
+def bars(rows: list[dict], group: str, series: str, title: str, out: str, targets: dict | None = None) -> None:
+    """One bar per (group, series) of rows' "speedup", dashes at the targets."""
+    groups = list(dict.fromkeys(r[group] for r in rows))
+    names = list(dict.fromkeys(r[series] for r in rows))
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.2 * len(groups) * len(names) / 2), 3.5))
+    width = 0.8 / len(names)
+    for i, name in enumerate(names):
+        speed = {r[group]: r["speedup"] for r in rows if r[series] == name}
+        xs = [g + i * width for g in range(len(groups))]
+        ax.bar(xs, [speed.get(g, 0) for g in groups], width, label=name)
+        for x, g in zip(xs, groups):
+            if g in (targets or {}).get(name, {}):
+                ax.hlines(targets[name][g], x - width / 2, x + width / 2, colors="k", linestyles="--")
     ax.axhline(1.0, color="gray", linewidth=0.8)
-    ax.set_xticks([s + width * (len(recipes) - 1) / 2 for s in range(len(shapes))], shapes)
+    ax.set_xticks([g + width * (len(names) - 1) / 2 for g in range(len(groups))], groups)
     ax.set_ylabel("bf16 time / recipe time")
-    ax.set_title(f"MoE block fwd+bwd on {data['gpu']} ({data['date']}), dashes: targets", fontsize=10)
-    ax.legend()
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, ncol=2)
     fig.tight_layout()
-    fig.savefig(RESULTS / "moe_block_speedup_h200.png", dpi=120)
+    fig.savefig(RESULTS / out, dpi=120)
+
+
+def main() -> None:
+    block = json.loads((RESULTS / "moe_block_h200.json").read_text())
+    bars(block["rows"], "shape", "recipe", f"MoE block fwd+bwd on {block['gpu']} ({block['date']}), dashes: targets",
+         "moe_block_speedup_h200.png", TARGETS)
+    models = json.loads((RESULTS / "models_h200.json").read_text())
+    rows = [r for r in models["rows"] if r["variant"] != "bf16"]
+    bars(rows, "model", "variant", f"Whole-model training step, per layer, on {models['gpu']} ({models['date']})",
+         "models_speedup_h200.png")
 
 
 if __name__ == "__main__":
