@@ -19,7 +19,6 @@ import contextlib
 import datetime
 import functools
 import json
-import math
 import os
 import pathlib
 import re
@@ -33,6 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+import tqdm
 from torch.utils.checkpoint import checkpoint
 
 import mxfp8_inductor  # noqa: F401  (registers backend="mxfp8")
@@ -149,22 +149,19 @@ def compile_blocks(model: ByteMoELM, recipe: str) -> None:
 
 # ------------------------------------------------------------------------------------ training
 
-def lr_at(step: int, steps: int, lr: float) -> float:
-    """Linear warmup over min(100, 5%) of the steps, then cosine to 10% of `lr`."""
+def lr_schedule(opt: torch.optim.Optimizer, steps: int) -> torch.optim.lr_scheduler.LRScheduler:
+    """Linear warmup over min(100, 5%) of the steps, then cosine to 10% of the base rate."""
     warmup = max(1, min(100, steps // 20))
-    if step < warmup:
-        return lr * (step + 1) / warmup
-    t = (step - warmup) / max(1, steps - warmup)
-    return lr * (0.1 + 0.45 * (1 + math.cos(math.pi * t)))
+    lrs = torch.optim.lr_scheduler
+    base = opt.param_groups[0]["lr"]
+    return lrs.SequentialLR(opt, [lrs.LinearLR(opt, 1 / warmup, 1.0, total_iters=max(1, warmup - 1)),
+                                  lrs.CosineAnnealingLR(opt, max(1, steps - warmup), eta_min=0.1 * base)],
+                            milestones=[warmup])
 
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def _fmt_time(s: float) -> str:
-    return f"{int(s // 3600)}:{int(s % 3600 // 60):02d}:{int(s % 60):02d}"
 
 
 def _tail_mean(losses: list[float]) -> float:
@@ -197,11 +194,12 @@ def train_recipe(args: argparse.Namespace, recipe: str, device: torch.device, da
     opt = torch.optim.AdamW([{"params": [m for m in master if m.dim() >= 2], "weight_decay": 0.1},
                              {"params": [m for m in master if m.dim() < 2], "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.95), foreach=False)
+    schedule = lr_schedule(opt, args.steps)
     local = args.batch // world
     losses: list[float] = []
     step_ms: list[float] = []
     val: list[list[float]] = []
-    t_start = time.perf_counter()
+    bar = tqdm.tqdm(total=args.stop_after or args.steps, desc=recipe, disable=rank != 0, file=sys.stderr)
     for step in range(args.stop_after or args.steps):
         inputs_BL, targets_BL = get_batch(train_N, args.seed, step, args.batch, args.seq)
         inputs_BL = inputs_BL[rank * local:(rank + 1) * local].to(device, non_blocking=True)
@@ -214,10 +212,9 @@ def train_recipe(args: argparse.Namespace, recipe: str, device: torch.device, da
         for m, p in zip(master, params):
             m.grad, p.grad = None if p.grad is None else p.grad.float(), None
         torch.nn.utils.clip_grad_norm_(master, 1.0)
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, args.steps, args.lr)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        schedule.step()
         with torch.no_grad():
             for m, p in zip(master, params):
                 p.copy_(m)
@@ -233,17 +230,12 @@ def train_recipe(args: argparse.Namespace, recipe: str, device: torch.device, da
         if args.eval_every and (step + 1) % args.eval_every == 0:
             record["val_loss"] = evaluate(model, val_N, args, device, rank, world)
             val.append([step, record["val_loss"]])
-        if rank == 0:
-            if log is not None:
-                log.write(json.dumps(record) + "\n")
-                log.flush()
-            elapsed = time.perf_counter() - t_start
-            eta = elapsed / (step + 1) * ((args.stop_after or args.steps) - step - 1)
-            sys.stderr.write(f"\r{recipe:<11} {step + 1:>6}/{args.stop_after or args.steps}  loss {loss_f:7.4f}  "
-                             f"{step_ms[-1]:8.1f} ms/step  ETA {_fmt_time(eta)} ")
-            sys.stderr.flush()
-    if rank == 0:
-        sys.stderr.write("\n")
+        if rank == 0 and log is not None:
+            log.write(json.dumps(record) + "\n")
+            log.flush()
+        bar.set_postfix(loss=f"{loss_f:.4f}", ms_per_step=f"{step_ms[-1]:.1f}")
+        bar.update()
+    bar.close()
     out: dict[str, Any] = {"loss": losses, "step_ms": _median_ms(step_ms)}
     if val:
         out["val_loss"] = val
