@@ -7,7 +7,7 @@ import warnings
 
 import torch
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 # the oldest torch with the Inductor hooks the pass uses, and the newest it is tested on
 OLDEST, NEWEST = (2, 11), (2, 13)
 
