@@ -99,3 +99,70 @@ def test_marking_takes_routed_experts_only():
     model, _ = _model()
     with pytest.raises(ValueError, match="inductor_options\\(targets='all'\\)"):
         mx.mxfp8(model, targets="all")
+
+
+class _DenseBlock(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(64, 128, bias=False)
+        self.down = torch.nn.Linear(128, 64, bias=False)
+
+    def forward(self, x_BLD: torch.Tensor) -> torch.Tensor:
+        return x_BLD + self.down(torch.nn.functional.silu(self.up(x_BLD)))
+
+
+class _CheckpointedNet(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([_DenseBlock(), _DenseBlock()])
+
+    def forward(self, x_BLD: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x_BLD = torch.utils.checkpoint.checkpoint(block, x_BLD, use_reentrant=False)
+        return x_BLD
+
+
+def test_dense_sites_compose_with_fsdp2_and_activation_checkpointing(tmp_path):
+    """TorchTitan's order on a one-process gloo group: each block compiled with targets="all"
+    (graph level: the rewrite, AOTAutograd, our decompositions), then FSDP2 per block and root,
+    each block activation-checkpointed: every dense GEMM is rewritten and the step follows eager
+    bf16 to FP8 rounding."""
+    import torch.distributed as dist
+    from torch._dynamo.backends.debugging import aot_eager_decomp_partition
+    from torch.distributed.fsdp import fully_shard
+
+    from mxfp8_inductor.patterns.rewrite import rewrite
+
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available")
+    config = mx.MXFP8Config(targets="all", dense_min_dim=64, recipe="fp8_rowwise")
+    rows = []
+
+    def backend(gm, example_inputs):
+        rows.extend(rewrite(gm, config))
+        return aot_eager_decomp_partition(gm, example_inputs)
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        def step(compile: bool):
+            torch.manual_seed(0)
+            model = _CheckpointedNet().bfloat16()
+            for block in model.blocks:
+                if compile:
+                    block.compile(backend=backend)
+                fully_shard(block)
+            fully_shard(model)
+            x = torch.randn(2, 32, 64, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(1))
+            out = model(x)
+            out.float().square().mean().backward()
+            return [out.detach()] + [p.grad.full_tensor() for p in model.parameters()]
+
+        torch._dynamo.reset()
+        got, want = step(compile=True), step(compile=False)
+    finally:
+        dist.destroy_process_group()
+        torch._dynamo.reset()
+    rewritten = {(r.weight_fqn.rsplit(".", 2)[-2], r.role) for r in rows if r.action == "rewritten"}
+    assert rewritten == {(layer, role) for layer in ("up", "down") for role in ("forward", "input-grad", "weight-grad")}
+    assert all(sqnr(w, g) >= 24 for w, g in zip(want, got))
+    assert not all(torch.equal(w, g) for w, g in zip(want, got))
