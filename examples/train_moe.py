@@ -7,9 +7,10 @@ and with the routed-expert grouped GEMMs rewritten to MXFP8 / FP8 rowwise, and c
 
 Every recipe starts from the same seed, initialisation and data order: the batch of step s is a
 function of (seed, step) only. Each transformer block is compiled on its own (backend "mxfp8" with
-the recipe, or plain torch.compile for bf16). Parameters are bf16 with fp32 master copies in the
-optimizer. The summary JSON (--out) is merged with an existing one of the same steps and config,
-so recipes can also be run in separate invocations; examples/plot_convergence.py draws it.
+the recipe, or plain torch.compile for bf16), then sharded with FSDP2 (on one rank without
+torchrun): fp32 weights in the optimizer, bf16 compute through its MixedPrecisionPolicy. The
+summary JSON (--out) is merged with an existing one of the same steps and config, so recipes can
+also be run in separate invocations; examples/plot_convergence.py draws it.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 import tqdm
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.utils.checkpoint import checkpoint
 
 import mxfp8_inductor  # noqa: F401  (registers backend="mxfp8")
@@ -177,22 +179,21 @@ def _median_ms(step_ms: list[float]) -> float:
 def train_recipe(args: argparse.Namespace, recipe: str, device: torch.device, data_N: torch.Tensor,
                  log: Any = None) -> dict[str, Any]:
     """Train a freshly initialised model with `recipe`; returns {"loss": [per step], "step_ms": median}."""
-    rank, world = (dist.get_rank(), dist.get_world_size()) if args.fsdp else (0, 1)
+    rank, world = dist.get_rank(), dist.get_world_size()
     torch._dynamo.reset()
     train_N, val_N = split_data(data_N)
-    model = build_model(args, device)
+    # fp32 weights in the optimizer (bf16 weights alone round away AdamW updates smaller than
+    # their ulp; the bf16 initialisation is kept), bf16 compute through FSDP2's mixed precision,
+    # FSDP2 per block and root on however many ranks there are (one without torchrun)
+    model = build_model(args, device).float()
     compile_blocks(model, recipe)
-    if args.fsdp:
-        from torch.distributed.fsdp import fully_shard
-
-        for block in model.blocks:
-            fully_shard(block)
-        fully_shard(model)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for block in model.blocks:
+        fully_shard(block, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
     params = list(model.parameters())
-    # fp32 master copies: bf16 weights alone round away AdamW updates smaller than their ulp
-    master = [p.detach().float().requires_grad_() for p in params]
-    opt = torch.optim.AdamW([{"params": [m for m in master if m.dim() >= 2], "weight_decay": 0.1},
-                             {"params": [m for m in master if m.dim() < 2], "weight_decay": 0.0}],
+    opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+                             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.95), foreach=False)
     schedule = lr_schedule(opt, args.steps)
     local = args.batch // world
@@ -209,19 +210,13 @@ def train_recipe(args: argparse.Namespace, recipe: str, device: torch.device, da
         logits_BLV = model(inputs_BL)
         loss = F.cross_entropy(logits_BLV.float().view(-1, VOCAB), targets_BL.reshape(-1))
         loss.backward()
-        for m, p in zip(master, params):
-            m.grad, p.grad = None if p.grad is None else p.grad.float(), None
-        torch.nn.utils.clip_grad_norm_(master, 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         schedule.step()
-        with torch.no_grad():
-            for m, p in zip(master, params):
-                p.copy_(m)
         loss = loss.detach()
-        if args.fsdp:  # gloo has no ReduceOp.AVG
-            dist.all_reduce(loss)
-            loss = loss / world
+        dist.all_reduce(loss)  # gloo has no ReduceOp.AVG
+        loss = loss / world
         loss_f = loss.item()
         _sync(device)
         step_ms.append((time.perf_counter() - t0) * 1e3)
@@ -335,17 +330,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
     """Run every recipe of `args.recipes`; returns the summary (rank 0 also writes it to --out)."""
-    world, rank = 1, 0
     device = torch.device(args.device)
-    if args.fsdp:
-        world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
-        if device.type == "cuda":
-            device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-            torch.cuda.set_device(device)
-        if not dist.is_initialized():
-            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-        if args.batch % world:
-            raise ValueError(f"--batch {args.batch} is not divisible by the world size {world}")
+    if args.fsdp and device.type == "cuda":
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+    own_group = not dist.is_initialized()
+    if own_group:  # torchrun's ranks with --fsdp, else a group of this process alone
+        extra = {} if args.fsdp else {"store": dist.HashStore(), "rank": 0, "world_size": 1}
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", **extra)
+    try:
+        return _train(args, device)
+    finally:
+        if own_group:
+            dist.destroy_process_group()
+
+
+def _train(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if args.batch % world:
+        raise ValueError(f"--batch {args.batch} is not divisible by the world size {world}")
     data_N = stdlib_bytes()
     if rank == 0:
         n_params = sum(p.numel() for p in build_model(args).parameters())
@@ -391,12 +394,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    try:
-        train(args)
-    finally:
-        if args.fsdp and dist.is_initialized():
-            dist.destroy_process_group()
+    train(parse_args(argv))
 
 
 if __name__ == "__main__":
