@@ -22,9 +22,10 @@ TARGETS: tuple[str, ...] = get_args(Targets)
 # dense linears that stay bf16 unless an include pattern names them: the output projection and
 # MoE routers (torchao's and TorchTitan's float8 practice: precision-sensitive, little compute)
 DENSE_EXCLUDE = ("lm_head", "output", "*.gate", "*.router", "*.router.*")
-# dense linears with K or N below this stay bf16: their GEMMs are too small for FP8 to repay the
-# quantization passes
-DENSE_MIN_DIM = 1024
+# dense linears with K or N below this stay bf16 with a fixed recipe: on the H200 a dense FP8
+# linear (its three GEMMs together) with K or N of 1024 or less loses to bf16 at every token count
+# calibrated (lowering/auto_h200.json); recipe="auto" decides per layer instead
+DENSE_MIN_DIM = 2048
 
 
 def check_choice(name: str, value: Any) -> None:

@@ -57,7 +57,7 @@ def test_dense_sites_are_found_and_decided_only_with_targets_all():
     assert by[("layers.0.moe.shared.0.weight", "forward")] == ("rewritten", "dense linear")
     assert by[("layers.1.moe.shared.2.weight", "weight-grad")][0] == "excluded"
     assert by[("layers.0.moe.router.weight", "forward")][0] == "skipped"  # N = 4 experts
-    small = mx.explain(model, x, options={"targets": "all"})  # dense_min_dim 1024 > 64
+    small = mx.explain(model, x, options={"targets": "all"})  # the default dense_min_dim > 64
     assert {s.action for s in small.sites if "shared" in s.weight_fqn} == {"skipped"}
     assert all("below dense_min_dim" in s.reason for s in small.sites if "shared" in s.weight_fqn)
 
