@@ -103,13 +103,17 @@ def _weight_operand(b_EKN: torch.Tensor, rounding: str, dgrad: bool, cache: bool
     return (data_EKN.transpose(-2, -1), scales_EK) if dgrad else (data_ENK.transpose(-2, -1), scales_EN)
 
 
-def _cached_weight_gemm(x_fp8, x_scales, b_EKN, offs, rounding, dgrad):
-    """x_fp8 [M, C] times the cached FP8 weight operand: grouped when offs is given, else dense
-    (b_EKN then [1, K, N], a dense weight's transposed view)."""
-    w_fp8, w_scales = _weight_operand(b_EKN, rounding, dgrad, cache=True)
+def _grouped_or_dense(x_fp8, w_fp8, w_scales, x_scales, offs):
+    """The grouped GEMM, or with offs None the dense one of a one-expert weight operand."""
     if offs is None:
         return _mm(x_fp8, w_fp8[0], x_scales, w_scales[0])
     return _gemm(x_fp8, w_fp8, x_scales, w_scales, offs)
+
+
+def _cached_weight_gemm(x_fp8, x_scales, b_EKN, offs, rounding, dgrad):
+    """x_fp8 [M, C] times the cached FP8 weight operand: grouped when offs is given, else dense
+    (b_EKN then [1, K, N], a dense weight's transposed view)."""
+    return _grouped_or_dense(x_fp8, *_weight_operand(b_EKN, rounding, dgrad, cache=True), x_scales, offs)
 
 
 def _cached_weight_gemm_fake(x_fp8, x_scales, b_EKN, offs, rounding, dgrad):
@@ -132,10 +136,7 @@ def _weight_gemm(x_MC, b_EKN, offs, rounding, cache, dgrad):
     if cache:
         return cached_weight_gemm_op(x_fp8, x_scales, b_EKN, offs, rounding, dgrad)
     w_fp8, w_scales = rowwise.quantize_rows(b_EKN if dgrad else b_EKN.transpose(-2, -1), -1, rounding)
-    w_fp8 = w_fp8.contiguous().transpose(-2, -1)
-    if offs is None:
-        return _mm(x_fp8, w_fp8[0], x_scales, w_scales[0])
-    return _gemm(x_fp8, w_fp8, x_scales, w_scales, offs)
+    return _grouped_or_dense(x_fp8, w_fp8.contiguous().transpose(-2, -1), w_scales, x_scales, offs)
 
 
 # --------------------------------------------------------------------------------------------

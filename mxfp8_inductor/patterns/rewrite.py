@@ -88,20 +88,20 @@ def _needs_grad(x) -> bool:
 
 
 def _rows(site: Site, node_name: str, action: str, reason: str, config: MXFP8Config,
-          recipes: Plan | None) -> list[SiteReport]:
+          site_plan: Plan | None) -> list[SiteReport]:
     rows = []
     for i, role in enumerate(ROLES):
         act, why = action, reason
-        if recipes is not None and config.recipe == "auto" and recipes.recipes[i] != "bf16":
-            why = f"{reason}; {recipes.reasons[i]}"
+        if site_plan is not None and config.recipe == "auto" and site_plan.recipes[i] != "bf16":
+            why = f"{reason}; {site_plan.reasons[i]}"
         if action == "rewritten" and role != "forward" and not _needs_grad(site.node):
             act, why = "not computed", "the output needs no gradient (grad mode off, or no input requires one)"
         elif action == "rewritten" and role == "input-grad" and not _needs_grad(site.a):
             act, why = "not computed", "the tokens need no gradient"
         elif action == "rewritten" and role == "weight-grad" and not _needs_grad(site.b):
             act, why = "not computed", "the weight needs no gradient"
-        elif action == "rewritten" and recipes is not None and recipes.recipes[i] == "bf16":
-            act, why = "kept bf16", recipes.reasons[i]
+        elif action == "rewritten" and site_plan is not None and site_plan.recipes[i] == "bf16":
+            act, why = "kept bf16", site_plan.reasons[i]
         rows.append(SiteReport(site.module_fqn, site.weight_fqn, role, act, why, node_name))
     return rows
 
@@ -138,7 +138,7 @@ def rewrite(gm: torch.fx.GraphModule, config: MXFP8Config | None) -> list[SiteRe
                 continue
             cfg = site.marked.config
         problem = site.problem(cfg)
-        recipes = None
+        site_plan = None
         if problem:
             action, reason = "skipped", problem
         else:
@@ -148,15 +148,15 @@ def rewrite(gm: torch.fx.GraphModule, config: MXFP8Config | None) -> list[SiteRe
             action = "rewritten" if ok else "excluded"
         name = node.name
         if action == "rewritten":
-            recipes = plan(site, cfg)
-            if recipes.recipes == ("bf16",) * 3:  # auto found FP8 slower for all three GEMMs
+            site_plan = plan(site, cfg)
+            if site_plan.recipes == ("bf16",) * 3:  # auto found FP8 slower for all three GEMMs
                 node.meta[DECIDED] = True
             else:
-                name = _replace(site, cfg, recipes.recipes)
+                name = _replace(site, cfg, site_plan.recipes)
                 touched[id(site.gm)] = site.gm
         else:
             node.meta[DECIDED] = True
-        rows += _rows(site, name, action, reason, cfg, recipes)
+        rows += _rows(site, name, action, reason, cfg, site_plan)
     for module in touched.values():
         module.graph.lint()
         module.recompile()
