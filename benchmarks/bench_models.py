@@ -159,12 +159,9 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(worker(args)))
         return
     depths = [int(d) for d in args.depths.split(",")]
-    runs = []
-    if args.combine:
-        parts = [json.loads(f.read_text()) for f in args.combine]
-        runs = [r for part in parts for r in part["runs"]]
-        args.models = ""
-    for model in filter(None, args.models.split(",")):
+    parts = [json.loads(f.read_text()) for f in args.combine or ()]
+    runs = [r for part in parts for r in part["runs"]]
+    for model in [] if args.combine else args.models.split(","):
         for depth in depths:
             for variant in args.variants.split(","):
                 cmd = [sys.executable, __file__, "--worker", "--model", model, "--variant", variant,

@@ -34,9 +34,7 @@ from torch.overrides import TorchFunctionMode
 
 from .backend import mxfp8_backend
 from .eligibility import MULTIPLE_OF, dense_problem
-from .lowering import grouped_mm
-from .lowering.auto import plan_for
-from .lowering.ops import linear_body
+from .lowering import grouped_mm, linear
 from .options import MXFP8Config
 from .patterns.rewrite import rewrite
 from .patterns.sites import GROUPED_MM_FUNCTIONS, LINEAR_FUNCTIONS, grouped_mm_args, linear_args, problem
@@ -83,9 +81,8 @@ class OpAtSites(TorchFunctionMode):
             if (fqn is not None and dense_problem(x, w, bias, c.recipe, c.dense_min_dim) is None
                     and self._decide(w, dense=True)):
                 self.calls += 1
-                plan = plan_for(c.recipe, c.wgrad, M=x.numel() // x.shape[-1], K=w.shape[1], N=w.shape[0], E=1,
-                                dense=True, device=w.device)
-                return linear_body(x, w, bias, *plan.recipes, c.rounding, c.weight_cache)
+                return linear(x, w, bias, recipe=c.recipe, rounding=c.rounding, wgrad=c.wgrad,
+                              weight_cache=c.weight_cache)
         return func(*args, **kwargs)
 
     def _decide(self, b: torch.Tensor, dense: bool) -> bool:

@@ -47,13 +47,14 @@ def quantized(w: torch.Tensor, kind: tuple, quantize: Callable[[torch.Tensor], t
     if _hook is None:
         _hook = register_optimizer_step_post_hook(_on_optimizer_step)
     storage = w.untyped_storage()
-    ref = StorageWeakRef(storage)
-    key = (ref.cdata, w.storage_offset(), tuple(w.shape), w.stride(), w.dtype, w.device, kind)
+    # the storage's address, which an entry's weak reference keeps from being reused; the weak
+    # reference itself is made on a miss only, as every GEMM of every step looks up its weight
+    key = (storage._cdata, w.storage_offset(), tuple(w.shape), w.stride(), w.dtype, w.device, kind)
     entry = _entries.get(key)
     if entry is not None and not entry[0].expired() and entry[1] == w.data_ptr() and entry[2] == w._version:
         return entry[3]
     for stale in [k for k, e in _entries.items() if e[0].expired()]:  # weights freed since
         del _entries[stale]
     out = quantize(w)
-    _entries[key] = (ref, w.data_ptr(), w._version, out)
+    _entries[key] = (StorageWeakRef(storage), w.data_ptr(), w._version, out)
     return out
