@@ -121,3 +121,26 @@ def launch_keyed(key: tuple, tensors: tuple, prepare: Callable[[], tuple]) -> Ca
     else:
         relaunch(*tensors)
     return relaunch
+
+
+_picked: dict[tuple, dict] = {}
+
+
+def launch_tuned(kernel, tuned, key: tuple, grid, args: tuple, consts: dict, interpreter_config: dict) -> None:
+    """Run `kernel` (args[0] a tensor on the launch device). On GPU, the autotuner `tuned` (made
+    from `kernel`) picks the config for `key` once, and later calls take the launch bound with it
+    (`launch_keyed`): the autotuner's own per-call dispatch costs tens of microseconds of host
+    time, more than the GEMMs of small MoE layers take on the GPU. The interpreter runs
+    `interpreter_config`."""
+    tensors = tuple(a for a in args if isinstance(a, torch.Tensor))
+    if not args[0].is_cuda:
+        config = interpreter_config
+    elif (picked := _picked.get((tuned, key))) is None:
+        tuned[grid](*args, **consts)
+        _picked[(tuned, key)] = tuned.best_config.all_kwargs()
+        return
+    else:
+        config = picked
+    # every other launch argument follows from the non-tensor args and the consts
+    bound_key = (kernel, *[a for a in args if not isinstance(a, torch.Tensor)], *consts.items())
+    launch_keyed(bound_key, tensors, lambda: (kernel, grid, args, {**consts, **config}))

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import launch_keyed
+from .launch import launch_tuned
 from .triton_common import as_bits, cdiv, e4m3_decode, group_of, group_table, lane_value, pow2, store_f32
 
 F8 = torch.float8_e4m3fn
@@ -110,25 +110,6 @@ def _gemm_2d3d_kernel(
 
 
 _gemm_2d3d_tuned = triton.autotune(GPU_CONFIGS, key=["N", "K"])(_gemm_2d3d_kernel)
-_picked: dict[tuple, triton.Config] = {}
-
-
-def _launch(kernel, tuned, key: tuple, grid, args: tuple, consts: dict) -> None:
-    """Run `kernel`. On GPU, `tuned` picks the config for `key` once and later calls take the
-    launch bound with it (`launch_keyed`): the autotuner's own per-call dispatch costs tens of
-    microseconds of host time, more than the GEMMs of small MoE layers take on the GPU."""
-    tensors = tuple(a for a in args if isinstance(a, torch.Tensor))
-    if not consts["HW_CVT"]:
-        config = INTERPRETER_CONFIG
-    elif (picked := _picked.get(key)) is None:
-        tuned[grid](*args, **consts)
-        _picked[key] = tuned.best_config
-        return
-    else:
-        config = picked.all_kwargs()
-    # every other launch argument follows from the non-tensor args and the consts
-    bound_key = (kernel, *[a for a in args if not isinstance(a, torch.Tensor)], *consts.items())
-    launch_keyed(bound_key, tensors, lambda: (kernel, grid, args, {**consts, **config}))
 
 
 def _check(a, b, scale_a, scale_b, offs) -> None:
@@ -177,9 +158,9 @@ def scaled_grouped_mm(
         return out
     a8, b8 = a.view(torch.uint8), b.view(torch.uint8)
     grid = lambda c: ((cdiv(M, c["BM"]) + E) * cdiv(N, c["BN"]),)
-    _launch(
+    launch_tuned(
         _gemm_2d3d_kernel, _gemm_2d3d_tuned, (N, K), grid,
         (a8, a8.stride(0), b8, b8.stride(0), b8.stride(2), scale_a.contiguous(), scale_b.contiguous(), as_bits(out),
-         offs, M, N, K), dict(E=E, EP=pow2(E), HW_CVT=a.is_cuda),
+         offs, M, N, K), dict(E=E, EP=pow2(E), HW_CVT=a.is_cuda), INTERPRETER_CONFIG,
     )
     return out

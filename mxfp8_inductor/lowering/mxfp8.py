@@ -3,9 +3,12 @@
   native     compute capability 10.x, K and N multiples of 128: float8 operands + blocked e8m0
              scales into `torch._scaled_grouped_mm` (never on 9.x: that call corrupts the CUDA
              context there);
+  fused      other CUDA GPUs, where FUSED: Triton grouped GEMMs that round their bf16 operands to
+             MXFP8 values in registers as they load them (`kernels/triton_mx_gemm.py`);
   emulated   other CUDA GPUs: Triton quantize-dequantize (exact MXFP8 values, which bf16 holds
              exactly) feeding the bf16 `torch._grouped_mm`;
   reference  CPU: the same emulation with the pure-torch reference.
+The fused and emulated paths multiply the same MXFP8 values, accumulating in fp32.
 """
 
 from __future__ import annotations
@@ -16,16 +19,18 @@ from ..kernels.mx import implementation
 from . import weights
 from .library import OUT_DTYPE, define, like
 
+FUSED = True
+
 
 def gemm_path(device: torch.device, K: int, N: int) -> str:
     """Which implementation runs a grouped GEMM with contraction K and output width N:
-    "native", "emulated" or "reference"."""
+    "native", "fused", "emulated" or "reference"."""
     if device.type != "cuda":
         return "reference"
     # the native scale layouts are verified only where K/32 and N/32 fill whole 4-column tiles
     if torch.cuda.get_device_capability(device)[0] == 10 and K % 128 == 0 and N % 128 == 0:
         return "native"
-    return "emulated"
+    return "fused" if FUSED else "emulated"
 
 
 # --------------------------------------------------------------------------------------------
@@ -82,16 +87,41 @@ quantize_dequantize_groups_op = define(
 )
 
 
+def _fused_rows(a_MK, b_EKN, offs, rounding):
+    from ..kernels import triton_mx_gemm  # imported lazily: triton is optional off Linux
+
+    return triton_mx_gemm.grouped_mm(a_MK, b_EKN, offs, rounding)
+
+
+def _fused_groups(a_MK, g_MN, offs, rounding):
+    from ..kernels import triton_mx_gemm
+
+    return triton_mx_gemm.grouped_mm_wgrad(a_MK, g_MN, offs, rounding)
+
+
+fused_grouped_mm_op = define(
+    "fused_grouped_mm", "(Tensor a, Tensor b, Tensor offs, str rounding) -> Tensor", _fused_rows,
+    lambda a, b, offs, rounding: a.new_empty(a.shape[0], b.shape[-1], dtype=OUT_DTYPE),
+)
+fused_grouped_mm_wgrad_op = define(
+    "fused_grouped_mm_wgrad", "(Tensor a, Tensor g, Tensor offs, str rounding) -> Tensor", _fused_groups,
+    lambda a, g, offs, rounding: a.new_empty(offs.shape[0], a.shape[1], g.shape[1], dtype=OUT_DTYPE),
+)
+
+
 # --------------------------------------------------------------------------------------------
 # The three GEMMs (see lowering/ops.py for the common interface)
 
 
 def forward(a_MK, b_EKN, offs, rounding, cache, decomposing):
     K, N = b_EKN.shape[-2:]
-    if gemm_path(a_MK.device, K, N) == "native":
+    path = gemm_path(a_MK.device, K, N)
+    if path == "native":
         if decomposing:  # keep the op: its native path is not decomposed
             return NotImplemented
         return _scaled_grouped_mm(native_forward_args(implementation(a_MK.device), a_MK, b_EKN, offs, rounding, cache))
+    if path == "fused":
+        return fused_grouped_mm_op(a_MK, b_EKN, offs, rounding)
     a_q = quantize_dequantize_op(a_MK, -1, rounding)
     b_q = quantize_dequantize_op(b_EKN, 1, rounding)
     return torch._grouped_mm(a_q, b_q, offs)
@@ -99,11 +129,14 @@ def forward(a_MK, b_EKN, offs, rounding, cache, decomposing):
 
 def dgrad(grad_MN, b_EKN, offs, rounding, cache, decomposing):
     K, N = b_EKN.shape[-2:]
-    if gemm_path(grad_MN.device, N, K) == "native":
+    path = gemm_path(grad_MN.device, N, K)
+    if path == "native":
         if decomposing:
             return NotImplemented
         args = native_dgrad_args(implementation(grad_MN.device), grad_MN, b_EKN, offs, rounding, cache)
         return _scaled_grouped_mm(args)
+    if path == "fused":
+        return fused_grouped_mm_op(grad_MN, b_EKN.transpose(-2, -1), offs, rounding)
     g_q = quantize_dequantize_op(grad_MN, -1, rounding)
     b_q = quantize_dequantize_op(b_EKN, 2, rounding)
     return torch._grouped_mm(g_q, b_q.transpose(-2, -1), offs)
@@ -111,13 +144,16 @@ def dgrad(grad_MN, b_EKN, offs, rounding, cache, decomposing):
 
 def wgrad(grad_MN, a_MK, offs, rounding, cache, decomposing):
     K, N = a_MK.shape[1], grad_MN.shape[1]
-    if gemm_path(a_MK.device, K, N) == "native":
+    path = gemm_path(a_MK.device, K, N)
+    if path == "native":
         if decomposing:
             return NotImplemented
         dw_EKN = _scaled_grouped_mm(native_wgrad_args(implementation(a_MK.device), grad_MN, a_MK, offs, rounding))
         # an empty group is skipped by the kernel: its gradient is 0, not whatever was in memory
         sizes = torch.diff(offs, prepend=offs.new_zeros(1))
         return torch.where((sizes > 0)[:, None, None], dw_EKN, 0)
+    if path == "fused":
+        return fused_grouped_mm_wgrad_op(a_MK, grad_MN, offs, rounding)
     a_q = quantize_dequantize_groups_op(a_MK, offs, rounding)
     g_q = quantize_dequantize_groups_op(grad_MN, offs, rounding)
     return torch._grouped_mm(a_q.t(), g_q, offs)

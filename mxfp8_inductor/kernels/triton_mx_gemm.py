@@ -1,0 +1,236 @@
+"""Triton grouped GEMMs that quantize-dequantize their bf16 operands to MXFP8 in registers, as
+each tile is loaded (docs/design.md, "Fused grouped GEMMs").
+
+Two kernels cover the three GEMMs of a grouped matmul:
+  `_rows_kernel`    out[M, N] = A[M, K] @ B[e][K, N] over the token rows of each group e: the
+                    forward (A = tokens, B = weight) and the input gradient (A = output gradient,
+                    B = the weight transposed). Blocks of 32 run along K, the contraction, in both.
+  `_groups_kernel`  out[e][K, N] = A[rows of e, K]^T @ G[rows of e, N]: the weight gradient.
+                    Blocks of 32 run along the rows, restarting at every group start.
+A tile of BLOCK_K >= 32 holds whole blocks, so the quantize-dequantize is the one `_qdq` per
+operand tile, bit-exact with the separate quantize-dequantize kernel (`triton_mx`): the products
+are exact MXFP8 products accumulated in fp32. QUANT=False gives the same kernels in plain bf16,
+the yardstick for the Triton GEMM itself against torch's `_grouped_mm`.
+
+`offs` holds the G group ends; like the quantizers (`triton_common.group_ends`), the kernels
+clamp them so that no read or write leaves the tensors whatever they hold. Output rows past the
+last group end are zero, and an empty group's weight gradient is zero.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..options import check_choice
+from .launch import launch_tuned
+from .triton_common import (
+    as_bits,
+    block_amax,
+    cdiv,
+    e4m3_decode,
+    e8m0_to_float,
+    group_ends,
+    group_table,
+    inv_scale,
+    load_f32,
+    pow2,
+    scale_exponent,
+    scaled_to_e4m3,
+    store_f32,
+)
+
+
+@triton.jit
+def _round_bf16(y, HW_CVT: tl.constexpr):
+    """fp32 -> bf16, round to nearest even: the hardware cast, or in the interpreter (which
+    flushes subnormals in its casts) the integer rounding of `store_f32`, kept as fp32 values."""
+    if HW_CVT:
+        out = y.to(tl.bfloat16)
+    else:
+        bits = y.to(tl.int32, bitcast=True)
+        u = bits & 0x7FFFFFFF
+        r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+        r = tl.where(u > 0x7F800000, 0x7FC0, r) | ((bits >> 16) & 0x8000)
+        out = (r << 16).to(tl.float32, bitcast=True)
+    return out
+
+
+@triton.jit
+def _qdq(x, AXIS: tl.constexpr, RCEIL: tl.constexpr, HW_CVT: tl.constexpr):
+    """float32 x (3-D, blocks of 32 along AXIS) rounded to MXFP8 values: `_mx_quant_kernel`'s
+    DEQUANT arithmetic, so bit-exact with it and with `reference.quantize_dequantize`."""
+    biased = scale_exponent(block_amax(x, AXIS), RCEIL)
+    q8 = scaled_to_e4m3(x, tl.expand_dims(inv_scale(biased), AXIS), HW_CVT)
+    return e4m3_decode(q8, HW_CVT) * tl.expand_dims(e8m0_to_float(biased), AXIS)
+
+
+@triton.jit
+def _operand(ptr, offs, mask, R: tl.constexpr, C: tl.constexpr, BLOCKS_ALONG: tl.constexpr,
+             QUANT: tl.constexpr, RCEIL: tl.constexpr, HW_CVT: tl.constexpr):
+    """An [R, C] operand tile ready for tl.dot: bf16 (fp32 in the interpreter), rounded to MXFP8
+    values in blocks of 32 along rows (BLOCKS_ALONG=0) or columns (1) where QUANT."""
+    if QUANT:
+        x = load_f32(ptr + offs, mask)
+        if BLOCKS_ALONG == 0:
+            x = tl.reshape(_qdq(tl.reshape(x, [R // 32, 32, C]), 1, RCEIL, HW_CVT), [R, C])
+        else:
+            x = tl.reshape(_qdq(tl.reshape(x, [R, C // 32, 32]), 2, RCEIL, HW_CVT), [R, C])
+        out = _round_bf16(x, HW_CVT)
+    elif HW_CVT:
+        out = tl.load(ptr + offs, mask=mask, other=0.0)
+    else:
+        out = load_f32(ptr + offs, mask)
+    return out
+
+
+@triton.jit
+def _rows_kernel(
+    a_ptr, sa_m, sa_k, b_ptr, sb_e, sb_k, sb_n, c_ptr, sc_m, sc_n, ends_ptr, M, N, K,
+    G: tl.constexpr, GP: tl.constexpr, QUANT: tl.constexpr, RCEIL: tl.constexpr, HW_CVT: tl.constexpr,
+    PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Program (n, t): output columns n*BLOCK_N.. of row tile t. Tiles run group after group, each
+    group's rows cut into ceil(rows / BLOCK_M) tiles; programs past them zero the rows after the
+    last group end, BLOCK_M rows each."""
+    pid_n, pid_m = tl.program_id(0), tl.program_id(1)
+    starts, ends, tile_ends = group_table(ends_ptr, G, GP, BLOCK_M, M)
+    n_tiles = tl.max(tile_ends, 0)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    if pid_m < n_tiles:
+        i = tl.arange(0, GP)
+        g = tl.sum(((tile_ends <= pid_m) & (i < G)).to(tl.int32), 0)
+        g_start = tl.sum(tl.where(i == g, starts, 0), 0)
+        g_end = tl.sum(tl.where(i == g, ends, 0), 0)
+        first_tile = tl.sum(tl.where(i == g, tile_ends, 0), 0) - tl.cdiv(g_end - g_start, BLOCK_M)
+        rows = g_start + (pid_m - first_tile) * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < g_end
+        a_rows = a_ptr + rows.to(tl.int64)[:, None] * sa_m
+        b_cols = b_ptr + g.to(tl.int64) * sb_e + cols[None, :] * sb_n
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + tl.arange(0, BLOCK_K)
+            k_ok = kk < K
+            a = _operand(a_rows, kk[None, :] * sa_k, row_ok[:, None] & k_ok[None, :],
+                         BLOCK_M, BLOCK_K, 1, QUANT, RCEIL, HW_CVT)
+            b = _operand(b_cols, kk[:, None].to(tl.int64) * sb_k, k_ok[:, None] & col_ok[None, :],
+                         BLOCK_K, BLOCK_N, 0, QUANT, RCEIL, HW_CVT)
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    else:
+        rows = tl.max(ends, 0) + (pid_m - n_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < M
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    offs = rows.to(tl.int64)[:, None] * sc_m + cols[None, :] * sc_n
+    store_f32(c_ptr + offs, acc, row_ok[:, None] & col_ok[None, :], True, HW_CVT)
+
+
+@triton.jit
+def _groups_kernel(
+    a_ptr, sa_m, sa_k, g_ptr, sg_m, sg_n, c_ptr, sc_e, sc_k, sc_n, ends_ptr, M, K, N,
+    G: tl.constexpr, GP: tl.constexpr, QUANT: tl.constexpr, RCEIL: tl.constexpr, HW_CVT: tl.constexpr,
+    PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Program (kn, e): the [BLOCK_K, BLOCK_N] tile kn of group e's weight gradient, walking the
+    group's rows from its start, BLOCK_M (a multiple of 32) at a time, so that every 32-row block
+    of the tile starts where the group's blocks do."""
+    pid, e = tl.program_id(0), tl.program_id(1)
+    n_cols = tl.cdiv(N, BLOCK_N)
+    kk = (pid // n_cols) * BLOCK_K + tl.arange(0, BLOCK_K)
+    nn = (pid % n_cols) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_ok, n_ok = kk < K, nn < N
+    i = tl.arange(0, GP)
+    g_end = tl.sum(tl.where(i == e, group_ends(ends_ptr, G, GP, M, 0), 0), 0)
+    g_start = tl.sum(tl.where(i == e, group_ends(ends_ptr, G, GP, M, 1), 0), 0)
+    acc = tl.zeros([BLOCK_K, BLOCK_N], dtype=tl.float32)
+    for t in range(0, tl.cdiv(g_end - g_start, BLOCK_M)):
+        rows = g_start + t * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < g_end
+        r64 = rows.to(tl.int64)[:, None]
+        a = _operand(a_ptr, r64 * sa_m + kk[None, :] * sa_k, row_ok[:, None] & k_ok[None, :],
+                     BLOCK_M, BLOCK_K, 0, QUANT, RCEIL, HW_CVT)
+        gr = _operand(g_ptr, r64 * sg_m + nn[None, :] * sg_n, row_ok[:, None] & n_ok[None, :],
+                      BLOCK_M, BLOCK_N, 0, QUANT, RCEIL, HW_CVT)
+        acc = tl.dot(tl.trans(a), gr, acc, input_precision=PRECISION)
+    offs = e.to(tl.int64) * sc_e + kk[:, None] * sc_k + nn[None, :] * sc_n
+    store_f32(c_ptr + offs, acc, k_ok[:, None] & n_ok[None, :], True, HW_CVT)
+
+
+# Tile configurations autotuned on GPUs per layer shape and operand layout (token counts change
+# every step: they are not in the key); the interpreter runs small tiles.
+_ROWS_CONFIGS = [
+    triton.Config({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=s)
+    for m, n, k, w, s in [(128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (64, 128, 64, 4, 4), (128, 128, 128, 8, 3),
+                          (128, 64, 64, 4, 4), (64, 256, 64, 8, 3)]
+]
+_GROUPS_CONFIGS = [
+    triton.Config({"BLOCK_M": m, "BLOCK_K": k, "BLOCK_N": n}, num_warps=w, num_stages=s)
+    for m, k, n, w, s in [(64, 128, 128, 8, 3), (64, 128, 256, 8, 3), (128, 128, 128, 8, 3), (64, 64, 128, 4, 4),
+                          (128, 256, 128, 8, 3), (32, 128, 128, 4, 4)]
+]
+_INTERPRETER = {"rows": {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 64},
+                "groups": {"BLOCK_M": 64, "BLOCK_K": 32, "BLOCK_N": 32}}
+_KERNELS = {
+    "rows": (_rows_kernel, triton.autotune(_ROWS_CONFIGS, key=["N", "K", "G", "QUANT", "RCEIL", "sb_k", "sb_n"])(
+        _rows_kernel)),
+    "groups": (_groups_kernel, triton.autotune(_GROUPS_CONFIGS, key=["K", "N", "G", "QUANT", "RCEIL", "sa_m", "sg_m"])(
+        _groups_kernel)),
+}
+
+
+def _run(kind: str, grid, args: tuple, consts: dict, layout: tuple) -> None:
+    kernel, tuned = _KERNELS[kind]
+    launch_tuned(kernel, tuned, (*layout, *consts.values()), grid, args, consts, _INTERPRETER[kind])
+
+
+def _consts(offs: torch.Tensor, quant: bool, rounding: str, on_gpu: bool) -> dict:
+    check_choice("rounding", rounding)
+    G = offs.numel()
+    return dict(G=G, GP=pow2(G), QUANT=quant, RCEIL=rounding == "rceil", HW_CVT=on_gpu,
+                PRECISION="tf32" if on_gpu else "ieee")
+
+
+def grouped_mm(a_MK: torch.Tensor, b_EKN: torch.Tensor, offs: torch.Tensor, rounding: str = "rceil",
+               quant: bool = True) -> torch.Tensor:
+    """out[M, N] = A @ B[e] over the rows of each group e (bf16 out): `torch._grouped_mm(a, b,
+    offs)` on MXFP8 values of a and b in blocks of 32 along K (`quant`), or on a and b as they are.
+    b may be any strided [E, K, N] view, e.g. the input gradient's transposed weight."""
+    M, K = a_MK.shape
+    E, _, N = b_EKN.shape
+    out_MN = torch.empty(M, N, dtype=torch.bfloat16, device=a_MK.device)
+    if M * N == 0:
+        return out_MN
+    on_gpu = a_MK.is_cuda
+    a, b, out = as_bits(a_MK), as_bits(b_EKN), as_bits(out_MN)
+    consts = _consts(offs, quant, rounding, on_gpu)
+
+    def grid(meta):  # group tiles (at most one partial per group), then the tail past the last end
+        return cdiv(N, meta["BLOCK_N"]), 2 * cdiv(M, meta["BLOCK_M"]) + E
+
+    _run("rows", grid, (a, *a.stride(), b, *b.stride(), out, *out.stride(), offs, M, N, K), consts,
+         (N, K, b.stride(1), b.stride(2)))
+    return out_MN
+
+
+def grouped_mm_wgrad(a_MK: torch.Tensor, g_MN: torch.Tensor, offs: torch.Tensor, rounding: str = "rceil",
+                     quant: bool = True) -> torch.Tensor:
+    """out[E, K, N] = A[rows of e]^T @ G[rows of e] (bf16 out): `torch._grouped_mm(a.t(), g,
+    offs)` on MXFP8 values of a and g in blocks of 32 along the rows, restarting at every group
+    start (`quant`), or on a and g as they are."""
+    M, K = a_MK.shape
+    N = g_MN.shape[1]
+    E = offs.numel()
+    out_EKN = torch.empty(E, K, N, dtype=torch.bfloat16, device=a_MK.device)
+    if E * K * N == 0:
+        return out_EKN
+    on_gpu = a_MK.is_cuda
+    a, g, out = as_bits(a_MK), as_bits(g_MN), as_bits(out_EKN)
+    consts = _consts(offs, quant, rounding, on_gpu)
+
+    def grid(meta):
+        return cdiv(K, meta["BLOCK_K"]) * cdiv(N, meta["BLOCK_N"]), E
+
+    _run("groups", grid, (a, *a.stride(), g, *g.stride(), out, *out.stride(), offs, M, K, N), consts,
+         (K, N, a.stride(0), g.stride(0)))
+    return out_EKN
