@@ -11,8 +11,9 @@ a GEMM with an identity operand returns the other operand's MXFP8 values exactly
 inf) are checked against the separate path's NaN pattern instead, since NaN * 0 spreads them.
 
 Per role (forward, input gradient, weight gradient) of the block's w1/w3 and w2 GEMMs, side by
-side: torch bf16, our Triton kernel in bf16 (no rounding: the kernel's own rate against torch's),
-separate (quantize-dequantize kernels + torch bf16), fused. Then the block (shapes.GroupedExperts,
+side: torch bf16, the separate path (quantize-dequantize kernels + torch bf16), and our kernel
+rounding both operands (fused), one of them, or neither (Triton bf16: the kernel's own rate
+against torch's). Then the block (shapes.GroupedExperts,
 32768 routed tokens) in bf16 and mxfp8 by either path, taking turns over --rounds rounds.
 """
 
@@ -93,38 +94,39 @@ def check_exact() -> dict:
 
 def _roles(E: int, K: int, N: int, counts: torch.Tensor) -> dict:
     """The three GEMMs of a layer with weight w [E, N, K] used as w.transpose(-2, -1), each as
-    (torch bf16, separate, fused, triton bf16) callables."""
+    callables by variant: torch bf16, the separate path, our kernel rounding both operands, only
+    the first (tokens or output gradient), only the second, or neither (Triton bf16)."""
     offs = torch.cumsum(counts, 0, dtype=torch.int32)
     a = torch.randn(TOKENS, K, device="cuda", dtype=torch.bfloat16)
     g = torch.randn(TOKENS, N, device="cuda", dtype=torch.bfloat16)
     b_EKN = torch.randn(E, N, K, device="cuda", dtype=torch.bfloat16).transpose(-2, -1)
-    fused, tri = triton_mx_gemm, partial(triton_mx_gemm.grouped_mm, quant=False)
-    tri_w = partial(triton_mx_gemm.grouped_mm_wgrad, quant=False)
-    return {
+    quants = {"fused": (True, True), "fused_first_only": (True, False), "fused_second_only": (False, True),
+              "triton_bf16": (False, False)}
+    forms = {  # role: (torch bf16, separate path, our kernel, its two operands)
         "forward": (partial(torch._grouped_mm, a, b_EKN, offs),
                     partial(mx_lowering.forward, a, b_EKN, offs, "rceil", False, False),
-                    partial(fused.grouped_mm, a, b_EKN, offs), partial(tri, a, b_EKN, offs)),
+                    triton_mx_gemm.grouped_mm, (a, b_EKN)),
         "input-grad": (partial(torch._grouped_mm, g, b_EKN.transpose(-2, -1), offs),
                        partial(mx_lowering.dgrad, g, b_EKN, offs, "rceil", False, False),
-                       partial(fused.grouped_mm, g, b_EKN.transpose(-2, -1), offs),
-                       partial(tri, g, b_EKN.transpose(-2, -1), offs)),
+                       triton_mx_gemm.grouped_mm, (g, b_EKN.transpose(-2, -1))),
         "weight-grad": (partial(torch._grouped_mm, a.t(), g, offs),
                         partial(mx_lowering.wgrad, g, a, offs, "rceil", False, False),
-                        partial(fused.grouped_mm_wgrad, a, g, offs), partial(tri_w, a, g, offs)),
+                        triton_mx_gemm.grouped_mm_wgrad, (a, g)),
     }
+    return {role: {"torch_bf16": bf16, "separate": separate,
+                   **{name: partial(ours, *operands, offs, "rceil", q) for name, q in quants.items()}}
+            for role, (bf16, separate, ours, operands) in forms.items()}
 
 
 def gemm_rows(shape: str) -> list[dict]:
     E, D, F = SHAPES[shape]
     counts = uneven_counts(E, TOKENS)
     rows = []
+    mx_lowering.FUSED = False  # `separate` runs the quantize-dequantize path
     for gemm, (K, N) in {"w13": (D, F), "w2": (F, D)}.items():
         for role, fns in _roles(E, K, N, counts).items():
-            torch_bf16, separate, fused, tri = fns
-            mx_lowering.FUSED = False  # `separate` runs the quantize-dequantize path
             ms, configs = {}, {}
-            for name, fn in (("torch_bf16", torch_bf16), ("triton_bf16", tri), ("separate", separate),
-                             ("fused", fused)):
+            for name, fn in fns.items():
                 known = len(launch._picked)
                 fn()  # autotuning: the config picked is the newest entry
                 if len(launch._picked) > known:
@@ -132,16 +134,13 @@ def gemm_rows(shape: str) -> list[dict]:
                 ms[name] = do_bench(fn, return_mode="median")
             row = {"shape": shape, "gemm": gemm, "role": role, "E": E, "K": K, "N": N, "M": TOKENS,
                    **{f"{k}_ms": v for k, v in ms.items()},
-                   "fused_vs_bf16": ms["torch_bf16"] / ms["fused"],
-                   "separate_vs_bf16": ms["torch_bf16"] / ms["separate"],
-                   "triton_bf16_vs_torch": ms["torch_bf16"] / ms["triton_bf16"],
-                   "sqnr_fused_vs_separate": sqnr(separate().float(), fused().float()), "configs": configs}
+                   **{f"{k}_vs_bf16": ms["torch_bf16"] / v for k, v in ms.items() if k != "torch_bf16"},
+                   "sqnr_fused_vs_separate": sqnr(fns["separate"]().float(), fns["fused"]().float()),
+                   "configs": configs}
             rows.append(row)
-            print(f"{shape:<10} {gemm:<4} {role:<12} bf16 {ms['torch_bf16']:.3f} ms | triton bf16 "
-                  f"{row['triton_bf16_vs_torch']:.2f}x | separate {row['separate_vs_bf16']:.2f}x | fused "
-                  f"{row['fused_vs_bf16']:.2f}x | SQNR fused/separate {row['sqnr_fused_vs_separate']:.0f} dB",
-                  flush=True)
-    mx_lowering.FUSED = True
+            print(f"{shape:<10} {gemm:<4} {role:<12} bf16 {ms['torch_bf16']:.3f} ms | " + " | ".join(
+                f"{k} {row[f'{k}_vs_bf16']:.2f}x" for k in ms if k != "torch_bf16")
+                + f" | SQNR fused/separate {row['sqnr_fused_vs_separate']:.0f} dB", flush=True)
     return rows
 
 
@@ -161,11 +160,11 @@ def block_rows(shape: str, rounds: int) -> list[dict]:
                 p.grad = None
             fn(x, counts).backward(grad)
 
-        mx_lowering.FUSED = name == "mxfp8_fused"  # read while the step traces
+        mx_lowering.FUSED = name == "mxfp8_fused"  # read while the step traces (and in the cache key)
         step()
         outs[name] = [x.grad.clone()] + [p.grad.clone() for p in mod.parameters()]
         steps[name] = step
-    mx_lowering.FUSED = True
+    mx_lowering.FUSED = False
     ms = interleaved(steps, rounds)
     rows = []
     for name in ("mxfp8_separate", "mxfp8_fused"):

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
+from .lowering import mxfp8 as mx_lowering
 from .options import MXFP8Config
 from .patterns.rewrite import SiteReport, rewrite
 
@@ -30,7 +31,7 @@ def _sources() -> tuple[str, ...]:
 
 
 def _uuid(config_key: str) -> str:
-    return get_hash_for_files(_sources(), config_key).hex()
+    return get_hash_for_files(_sources(), f"{config_key};fused={mx_lowering.FUSED}").hex()
 
 
 class CacheKeyPass(CustomGraphPass):

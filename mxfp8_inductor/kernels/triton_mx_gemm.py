@@ -9,8 +9,8 @@ Two kernels cover the three GEMMs of a grouped matmul:
                     Blocks of 32 run along the rows, restarting at every group start.
 A tile of BLOCK_K >= 32 holds whole blocks, so the quantize-dequantize is the one `_qdq` per
 operand tile, bit-exact with the separate quantize-dequantize kernel (`triton_mx`): the products
-are exact MXFP8 products accumulated in fp32. QUANT=False gives the same kernels in plain bf16,
-the yardstick for the Triton GEMM itself against torch's `_grouped_mm`.
+are exact MXFP8 products accumulated in fp32. QUANT_A / QUANT_B = False leave an operand in bf16:
+both off, the yardstick for the Triton GEMM itself against torch's `_grouped_mm`.
 
 `offs` holds the G group ends; like the quantizers (`triton_common.group_ends`), the kernels
 clamp them so that no read or write leaves the tensors whatever they hold. Output rows past the
@@ -88,8 +88,9 @@ def _operand(ptr, offs, mask, R: tl.constexpr, C: tl.constexpr, BLOCKS_ALONG: tl
 @triton.jit
 def _rows_kernel(
     a_ptr, sa_m, sa_k, b_ptr, sb_e, sb_k, sb_n, c_ptr, sc_m, sc_n, ends_ptr, M, N, K,
-    G: tl.constexpr, GP: tl.constexpr, QUANT: tl.constexpr, RCEIL: tl.constexpr, HW_CVT: tl.constexpr,
-    PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    G: tl.constexpr, GP: tl.constexpr, QUANT_A: tl.constexpr, QUANT_B: tl.constexpr, RCEIL: tl.constexpr,
+    HW_CVT: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
     """Program (n, t): output columns n*BLOCK_N.. of row tile t. Tiles run group after group, each
     group's rows cut into ceil(rows / BLOCK_M) tiles; programs past them zero the rows after the
@@ -114,9 +115,9 @@ def _rows_kernel(
             kk = k0 + tl.arange(0, BLOCK_K)
             k_ok = kk < K
             a = _operand(a_rows, kk[None, :] * sa_k, row_ok[:, None] & k_ok[None, :],
-                         BLOCK_M, BLOCK_K, 1, QUANT, RCEIL, HW_CVT)
+                         BLOCK_M, BLOCK_K, 1, QUANT_A, RCEIL, HW_CVT)
             b = _operand(b_cols, kk[:, None].to(tl.int64) * sb_k, k_ok[:, None] & col_ok[None, :],
-                         BLOCK_K, BLOCK_N, 0, QUANT, RCEIL, HW_CVT)
+                         BLOCK_K, BLOCK_N, 0, QUANT_B, RCEIL, HW_CVT)
             acc = tl.dot(a, b, acc, input_precision=PRECISION)
     else:
         rows = tl.max(ends, 0) + (pid_m - n_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -129,8 +130,9 @@ def _rows_kernel(
 @triton.jit
 def _groups_kernel(
     a_ptr, sa_m, sa_k, g_ptr, sg_m, sg_n, c_ptr, sc_e, sc_k, sc_n, ends_ptr, M, K, N,
-    G: tl.constexpr, GP: tl.constexpr, QUANT: tl.constexpr, RCEIL: tl.constexpr, HW_CVT: tl.constexpr,
-    PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+    G: tl.constexpr, GP: tl.constexpr, QUANT_A: tl.constexpr, QUANT_B: tl.constexpr, RCEIL: tl.constexpr,
+    HW_CVT: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     """Program (kn, e): the [BLOCK_K, BLOCK_N] tile kn of group e's weight gradient, walking the
     group's rows from its start, BLOCK_M (a multiple of 32) at a time, so that every 32-row block
@@ -149,9 +151,9 @@ def _groups_kernel(
         row_ok = rows < g_end
         r64 = rows.to(tl.int64)[:, None]
         a = _operand(a_ptr, r64 * sa_m + kk[None, :] * sa_k, row_ok[:, None] & k_ok[None, :],
-                     BLOCK_M, BLOCK_K, 0, QUANT, RCEIL, HW_CVT)
+                     BLOCK_M, BLOCK_K, 0, QUANT_A, RCEIL, HW_CVT)
         gr = _operand(g_ptr, r64 * sg_m + nn[None, :] * sg_n, row_ok[:, None] & n_ok[None, :],
-                      BLOCK_M, BLOCK_N, 0, QUANT, RCEIL, HW_CVT)
+                      BLOCK_M, BLOCK_N, 0, QUANT_B, RCEIL, HW_CVT)
         acc = tl.dot(tl.trans(a), gr, acc, input_precision=PRECISION)
     offs = e.to(tl.int64) * sc_e + kk[:, None] * sc_k + nn[None, :] * sc_n
     store_f32(c_ptr + offs, acc, k_ok[:, None] & n_ok[None, :], True, HW_CVT)
@@ -171,11 +173,11 @@ _GROUPS_CONFIGS = [
 ]
 _INTERPRETER = {"rows": {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 64},
                 "groups": {"BLOCK_M": 64, "BLOCK_K": 32, "BLOCK_N": 32}}
+_MODE = ["G", "QUANT_A", "QUANT_B", "RCEIL"]
 _KERNELS = {
-    "rows": (_rows_kernel, triton.autotune(_ROWS_CONFIGS, key=["N", "K", "G", "QUANT", "RCEIL", "sb_k", "sb_n"])(
-        _rows_kernel)),
-    "groups": (_groups_kernel, triton.autotune(_GROUPS_CONFIGS, key=["K", "N", "G", "QUANT", "RCEIL", "sa_m", "sg_m"])(
-        _groups_kernel)),
+    "rows": (_rows_kernel, triton.autotune(_ROWS_CONFIGS, key=["N", "K", "sb_k", "sb_n", *_MODE])(_rows_kernel)),
+    "groups": (_groups_kernel,
+               triton.autotune(_GROUPS_CONFIGS, key=["K", "N", "sa_m", "sg_m", *_MODE])(_groups_kernel)),
 }
 
 
@@ -184,17 +186,17 @@ def _run(kind: str, grid, args: tuple, consts: dict, layout: tuple) -> None:
     launch_tuned(kernel, tuned, (*layout, *consts.values()), grid, args, consts, _INTERPRETER[kind])
 
 
-def _consts(offs: torch.Tensor, quant: bool, rounding: str, on_gpu: bool) -> dict:
+def _consts(offs: torch.Tensor, quant: tuple[bool, bool], rounding: str, on_gpu: bool) -> dict:
     check_choice("rounding", rounding)
     G = offs.numel()
-    return dict(G=G, GP=pow2(G), QUANT=quant, RCEIL=rounding == "rceil", HW_CVT=on_gpu,
+    return dict(G=G, GP=pow2(G), QUANT_A=quant[0], QUANT_B=quant[1], RCEIL=rounding == "rceil", HW_CVT=on_gpu,
                 PRECISION="tf32" if on_gpu else "ieee")
 
 
 def grouped_mm(a_MK: torch.Tensor, b_EKN: torch.Tensor, offs: torch.Tensor, rounding: str = "rceil",
-               quant: bool = True) -> torch.Tensor:
+               quant: tuple[bool, bool] = (True, True)) -> torch.Tensor:
     """out[M, N] = A @ B[e] over the rows of each group e (bf16 out): `torch._grouped_mm(a, b,
-    offs)` on MXFP8 values of a and b in blocks of 32 along K (`quant`), or on a and b as they are.
+    offs)` on the MXFP8 values, in blocks of 32 along K, of a (where quant[0]) and b (quant[1]).
     b may be any strided [E, K, N] view, e.g. the input gradient's transposed weight."""
     M, K = a_MK.shape
     E, _, N = b_EKN.shape
@@ -214,10 +216,10 @@ def grouped_mm(a_MK: torch.Tensor, b_EKN: torch.Tensor, offs: torch.Tensor, roun
 
 
 def grouped_mm_wgrad(a_MK: torch.Tensor, g_MN: torch.Tensor, offs: torch.Tensor, rounding: str = "rceil",
-                     quant: bool = True) -> torch.Tensor:
+                     quant: tuple[bool, bool] = (True, True)) -> torch.Tensor:
     """out[E, K, N] = A[rows of e]^T @ G[rows of e] (bf16 out): `torch._grouped_mm(a.t(), g,
-    offs)` on MXFP8 values of a and g in blocks of 32 along the rows, restarting at every group
-    start (`quant`), or on a and g as they are."""
+    offs)` on the MXFP8 values, in blocks of 32 along the rows restarting at every group start,
+    of a (where quant[0]) and g (quant[1])."""
     M, K = a_MK.shape
     N = g_MN.shape[1]
     E = offs.numel()
