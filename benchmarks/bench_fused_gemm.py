@@ -151,6 +151,9 @@ def block_rows(shape: str, rounds: int) -> list[dict]:
     steps, outs = {}, {}
     for name in ("bf16", "mxfp8_separate", "mxfp8_fused"):
         mod = copy.deepcopy(block)
+        # a class per variant: Dynamo reuses one compiled frame for instances of a class compiled
+        # with equal backend options, and FUSED is outside its guards
+        mod.__class__ = type(f"{type(block).__name__}_{name}", (type(block),), {})
         fn = torch.compile(mod) if name == "bf16" else torch.compile(mod, backend="mxfp8",
                                                                     options={"recipe": "mxfp8"})
 

@@ -194,3 +194,15 @@ def test_typed_config_and_inductor_patches_reach_every_entry_point():
         torch.compile(model, backend="mxfp8", options={"exlude": ["layers.0"]})(x)
     with pytest.raises(ValueError, match="either an MXFP8Config or keyword options"):
         mx.mxfp8(model, config, recipe="mxfp8")
+
+
+def test_cache_key_follows_the_fused_switch(monkeypatch):
+    """Compiled graphs decompose the mxfp8 ops by lowering.mxfp8.FUSED: the FX-graph and
+    AOTAutograd caches must not serve a graph made under the other setting."""
+    from mxfp8_inductor import backend
+    from mxfp8_inductor.lowering import mxfp8 as mx_lowering
+
+    monkeypatch.setattr(mx_lowering, "FUSED", False)
+    separate = backend._uuid("options")
+    monkeypatch.setattr(mx_lowering, "FUSED", True)
+    assert backend._uuid("options") != separate

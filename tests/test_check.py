@@ -61,6 +61,23 @@ def test_gpt_oss_with_excluded_and_fp32_experts():
         assert result.sites_rewritten == 4 and result.passed, str(result)
 
 
+@pytest.mark.interpreter
+def test_fused_path_adds_no_error(monkeypatch):
+    """The pass on the fused MXFP8 GEMMs (Triton interpreter) against the op at the same sites."""
+    from mxfp8_inductor.kernels import triton_mx_gemm
+    from mxfp8_inductor.lowering import mxfp8 as mx_lowering
+
+    monkeypatch.setattr(mx_lowering, "gemm_path", lambda device, K, N: "fused")
+    calls = []
+    for name in ("grouped_mm", "grouped_mm_wgrad"):
+        kernel = getattr(triton_mx_gemm, name)
+        monkeypatch.setattr(triton_mx_gemm, name, lambda *a, kernel=kernel, **k: calls.append(1) or kernel(*a, **k))
+    model, inputs = _tiny("qwen3_moe")
+    (result,) = check.compare(model.bfloat16(), inputs, recipes=("mxfp8",), compiler=GRAPH)
+    assert result.op_calls > 0 and result.passed, str(result)
+    assert len(calls) == 2 * 3 * result.op_calls  # three GEMMs per site, in the op run and the pass's
+
+
 def test_a_pass_that_adds_error_fails_the_bar(monkeypatch):
     """The bar catches a pass whose compiled GEMMs differ from the op: here the Inductor
     decomposition of the forward GEMM is off by a factor 1 + 2^-4 (the eager op is not)."""

@@ -97,6 +97,20 @@ def test_triton_path_matches_reference_path(monkeypatch):
     assert_bitwise_equal(got[2], expected[2])
 
 
+@pytest.mark.interpreter
+@pytest.mark.parametrize("transposed", [True, False])
+def test_fused_path_matches_reference_path(monkeypatch, transposed):
+    """The fused GEMMs multiply the reference path's MXFP8 values: output and both gradients
+    equal up to the order of the fp32 sums (one bf16 rounding of the same products)."""
+    a, w, b_of, offs, grad = _problem(8, K=64, N=96, transposed=transposed)
+    expected = _run(mx.grouped_mm, a, w, b_of, offs, grad)
+    monkeypatch.setattr(mx_lowering, "gemm_path", lambda device, K, N: "fused")
+    got = _run(mx.grouped_mm, a, w, b_of, offs, grad)
+    L = int(offs[-1])
+    for x, y in ((got[0][:L], expected[0][:L]), (got[1][:L], expected[1][:L]), (got[2], expected[2])):
+        torch.testing.assert_close(x, y, rtol=2**-7, atol=0)
+
+
 def test_opcheck():
     # no rows past offs[-1]: like torch._grouped_mm, the op leaves those output rows unspecified
     a, w, b_of, offs, grad = _problem(4, K=64, N=64, tail=0)
@@ -282,8 +296,12 @@ def test_rowwise_small_group_weight_grad_is_the_fp8_one_in_bf16(monkeypatch, siz
     [((9, 0), 256, 256, "emulated"), ((8, 0), 256, 256, "emulated"), ((12, 0), 256, 256, "emulated"),
      ((10, 0), 256, 256, "native"), ((10, 0), 96, 256, "emulated"), ((10, 3), 256, 160, "emulated")],
 )
-def test_gemm_path_by_capability(monkeypatch, capability, K, N, path):
+@pytest.mark.parametrize("fused", [False, True])
+def test_gemm_path_by_capability(monkeypatch, capability, K, N, path, fused):
+    """The fused GEMMs replace the emulation only where FUSED (opt-in), never the native path."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(mx_lowering, "FUSED", fused)
+    path = "fused" if fused and path == "emulated" else path
     assert mx_lowering.gemm_path(torch.device("cuda"), K, N) == path
     assert mx_lowering.gemm_path(torch.device("cpu"), K, N) == "reference"
 
