@@ -19,7 +19,7 @@ from ..kernels.mx import implementation
 from . import weights
 from .library import OUT_DTYPE, define, like
 
-# The fused kernels run 2-9x slower than the separate path on the H200 (docs/performance.md,
+# The fused kernels run 2.3-8.3x slower than the separate path on the H200 (docs/performance.md,
 # "Fused grouped GEMMs"): opt-in, for GPUs and Triton versions where they win. Part of the
 # compile caches' key (backend.py).
 FUSED = False
