@@ -6,7 +6,10 @@ each recipe, one process per run.
     python benchmarks/bench_models.py --combine a.json b.json --out benchmarks/results/models_h200.json
 
 A variant is bf16 or a recipe, with "+all" for targets="all" (dense linears too) and "+nocache"
-for weight_cache=False.
+for weight_cache=False; or "torchao", the anchor: torchao's FP8 rowwise MoE training (its
+grouped-GEMM weight wrapper on every expert module) under plain torch.compile, with "+all" also
+torchao's float8 rowwise linears on the dense layers the pass would take (`_torchao`). The
+device has no torchao: carry its wheel (docs/performance.md, "Whole models").
 
 A step is what training does: --microbatches forward + loss + backward passes (gradient
 accumulation), then AdamW. The whole model is compiled (backend="mxfp8" with the recipe, or
@@ -72,6 +75,37 @@ def build(name: str, layers: int, device: str, tiny: bool) -> tuple[torch.nn.Mod
     return model, (batch, seq)
 
 
+def _torchao(model: torch.nn.Module, dense: bool) -> int:
+    """Convert `model` to torchao's FP8 rowwise training: every module holding 3-D (expert)
+    weights gets torchao's grouped-GEMM weight wrapper; with `dense`, every linear that the pass
+    rewrites under targets="all" with its defaults (not the output projection or a router, K and
+    N at least `dense_min_dim`) becomes torchao's rowwise Float8Linear. Returns the modules
+    converted."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    from torchao.prototype.moe_training.config import Float8TrainingOpConfig
+    from torchao.quantization import quantize_
+
+    from mxfp8_inductor.options import MXFP8Config
+
+    def experts(module: torch.nn.Module, fqn: str) -> bool:
+        return any(p.dim() == 3 for p in module.parameters(recurse=False))
+
+    config = MXFP8Config()
+
+    def linears(module: torch.nn.Module, fqn: str) -> bool:
+        return (isinstance(module, torch.nn.Linear) and config.decide(fqn, f"{fqn}.weight", dense=True)[0]
+                and min(module.in_features, module.out_features) >= config.dense_min_dim
+                and module.in_features % 16 == 0 and module.out_features % 16 == 0)
+
+    count = sum(experts(m, n) for n, m in model.named_modules())
+    quantize_(model, Float8TrainingOpConfig(), filter_fn=experts)
+    if dense:
+        count += sum(linears(m, n) for n, m in model.named_modules())
+        convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name("rowwise"),
+                                   module_filter_fn=linears)
+    return count
+
+
 def worker(args: argparse.Namespace) -> dict:
     """One run, in this process."""
     import mxfp8_inductor  # noqa: F401  (registers backend="mxfp8")
@@ -80,7 +114,9 @@ def worker(args: argparse.Namespace) -> dict:
     model, (batch, seq) = build(args.model, args.depth, args.device, args.tiny)
     vocab = model.config.vocab_size
     recipe, *flags = args.variant.split("+")
-    if recipe == "bf16":
+    if recipe in ("bf16", "torchao"):
+        if recipe == "torchao" and not _torchao(model, "all" in flags):
+            raise RuntimeError(f"torchao converted nothing in {args.model}")
         compiled = torch.compile(model)
     else:
         options = {"recipe": recipe, "targets": "all" if "all" in flags else "experts",
