@@ -7,9 +7,11 @@ Two kernels cover the three GEMMs of a grouped matmul:
                     B = the weight transposed). Blocks of 32 run along K, the contraction, in both.
   `_groups_kernel`  out[e][K, N] = A[rows of e, K]^T @ G[rows of e, N]: the weight gradient.
                     Blocks of 32 run along the rows, restarting at every group start.
-A tile of BLOCK_K >= 32 holds whole blocks, so the quantize-dequantize is the one `_qdq` per
-operand tile, bit-exact with the separate quantize-dequantize kernel (`triton_mx`): the products
-are exact MXFP8 products accumulated in fp32. QUANT_A / QUANT_B = False leave an operand in bf16:
+A tile of BLOCK_K >= 32 holds whole blocks, so the quantization is one pass per operand tile,
+bit-exact with the quantizer kernels (`triton_mx`). Where NATIVE (compute capability 10.x) the
+float8 bytes and e8m0 scales go to `tl.dot_scaled`, the hardware MXFP8 MMA; elsewhere the tile
+is dequantized in registers (exact MXFP8 values, which bf16 holds) into a bf16 dot. Both give
+the MXFP8 products accumulated in fp32. QUANT_A / QUANT_B = False leave an operand in bf16:
 both off, the yardstick for the Triton GEMM itself against torch's `_grouped_mm`.
 
 `offs` holds the G group ends; like the quantizers (`triton_common.group_ends`), the kernels
@@ -58,12 +60,26 @@ def _round_bf16(y, HW_CVT: tl.constexpr):
 
 
 @triton.jit
-def _qdq(x, AXIS: tl.constexpr, RCEIL: tl.constexpr, HW_CVT: tl.constexpr):
-    """float32 x (3-D, blocks of 32 along AXIS) rounded to MXFP8 values: `_mx_quant_kernel`'s
-    DEQUANT arithmetic, so bit-exact with it and with `reference.quantize_dequantize`."""
+def _quantize(x, AXIS: tl.constexpr, RCEIL: tl.constexpr, HW_CVT: tl.constexpr):
+    """float32 x (3-D, blocks of 32 along AXIS) as float8 bytes and biased e8m0 exponents (AXIS
+    reduced): `_mx_quant_kernel`'s arithmetic, so bit-exact with it and with the reference."""
     biased = scale_exponent(block_amax(x, AXIS), RCEIL)
-    q8 = scaled_to_e4m3(x, tl.expand_dims(inv_scale(biased), AXIS), HW_CVT)
-    return e4m3_decode(q8, HW_CVT) * tl.expand_dims(e8m0_to_float(biased), AXIS)
+    return scaled_to_e4m3(x, tl.expand_dims(inv_scale(biased), AXIS), HW_CVT), biased
+
+
+@triton.jit
+def _scaled_operand(ptr, offs, mask, R: tl.constexpr, C: tl.constexpr, BLOCKS_ALONG: tl.constexpr,
+                    RCEIL: tl.constexpr, HW_CVT: tl.constexpr):
+    """An [R, C] tile as `tl.dot_scaled` takes it: float8 data [R, C] and its scale bytes, one per
+    block of 32 along rows ([C, R // 32], BLOCKS_ALONG=0) or columns ([R, C // 32], 1)."""
+    x = load_f32(ptr + offs, mask)
+    if BLOCKS_ALONG == 0:
+        q8, biased = _quantize(tl.reshape(x, [R // 32, 32, C]), 1, RCEIL, HW_CVT)
+        scales = tl.trans(biased)
+    else:
+        q8, biased = _quantize(tl.reshape(x, [R, C // 32, 32]), 2, RCEIL, HW_CVT)
+        scales = biased
+    return tl.reshape(q8, [R, C]).to(tl.float8e4nv, bitcast=True), scales.to(tl.uint8)
 
 
 @triton.jit
@@ -74,9 +90,11 @@ def _operand(ptr, offs, mask, R: tl.constexpr, C: tl.constexpr, BLOCKS_ALONG: tl
     if QUANT:
         x = load_f32(ptr + offs, mask)
         if BLOCKS_ALONG == 0:
-            x = tl.reshape(_qdq(tl.reshape(x, [R // 32, 32, C]), 1, RCEIL, HW_CVT), [R, C])
+            q8, biased = _quantize(tl.reshape(x, [R // 32, 32, C]), 1, RCEIL, HW_CVT)
+            x = tl.reshape(e4m3_decode(q8, HW_CVT) * tl.expand_dims(e8m0_to_float(biased), 1), [R, C])
         else:
-            x = tl.reshape(_qdq(tl.reshape(x, [R, C // 32, 32]), 2, RCEIL, HW_CVT), [R, C])
+            q8, biased = _quantize(tl.reshape(x, [R, C // 32, 32]), 2, RCEIL, HW_CVT)
+            x = tl.reshape(e4m3_decode(q8, HW_CVT) * tl.expand_dims(e8m0_to_float(biased), 2), [R, C])
         out = _round_bf16(x, HW_CVT)
     elif HW_CVT:
         out = tl.load(ptr + offs, mask=mask, other=0.0)
@@ -89,8 +107,8 @@ def _operand(ptr, offs, mask, R: tl.constexpr, C: tl.constexpr, BLOCKS_ALONG: tl
 def _rows_kernel(
     a_ptr, sa_m, sa_k, b_ptr, sb_e, sb_k, sb_n, c_ptr, sc_m, sc_n, ends_ptr, M, N, K,
     G: tl.constexpr, GP: tl.constexpr, QUANT_A: tl.constexpr, QUANT_B: tl.constexpr, RCEIL: tl.constexpr,
-    HW_CVT: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    NATIVE: tl.constexpr, HW_CVT: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Program (n, t): output columns n*BLOCK_N.. of row tile t. Tiles run group after group, each
     group's rows cut into ceil(rows / BLOCK_M) tiles; programs past them zero the rows after the
@@ -114,11 +132,16 @@ def _rows_kernel(
         for k0 in range(0, K, BLOCK_K):
             kk = k0 + tl.arange(0, BLOCK_K)
             k_ok = kk < K
-            a = _operand(a_rows, kk[None, :] * sa_k, row_ok[:, None] & k_ok[None, :],
-                         BLOCK_M, BLOCK_K, 1, QUANT_A, RCEIL, HW_CVT)
-            b = _operand(b_cols, kk[:, None].to(tl.int64) * sb_k, k_ok[:, None] & col_ok[None, :],
-                         BLOCK_K, BLOCK_N, 0, QUANT_B, RCEIL, HW_CVT)
-            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+            a_offs, a_ok = kk[None, :] * sa_k, row_ok[:, None] & k_ok[None, :]
+            b_offs, b_ok = kk[:, None].to(tl.int64) * sb_k, k_ok[:, None] & col_ok[None, :]
+            if NATIVE:
+                a8, a_s = _scaled_operand(a_rows, a_offs, a_ok, BLOCK_M, BLOCK_K, 1, RCEIL, HW_CVT)
+                b8, b_s = _scaled_operand(b_cols, b_offs, b_ok, BLOCK_K, BLOCK_N, 0, RCEIL, HW_CVT)
+                acc = tl.dot_scaled(a8, a_s, "e4m3", b8, b_s, "e4m3", acc)
+            else:
+                a = _operand(a_rows, a_offs, a_ok, BLOCK_M, BLOCK_K, 1, QUANT_A, RCEIL, HW_CVT)
+                b = _operand(b_cols, b_offs, b_ok, BLOCK_K, BLOCK_N, 0, QUANT_B, RCEIL, HW_CVT)
+                acc = tl.dot(a, b, acc, input_precision=PRECISION)
     else:
         rows = tl.max(ends, 0) + (pid_m - n_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < M
@@ -131,8 +154,8 @@ def _rows_kernel(
 def _groups_kernel(
     a_ptr, sa_m, sa_k, g_ptr, sg_m, sg_n, c_ptr, sc_e, sc_k, sc_n, ends_ptr, M, K, N,
     G: tl.constexpr, GP: tl.constexpr, QUANT_A: tl.constexpr, QUANT_B: tl.constexpr, RCEIL: tl.constexpr,
-    HW_CVT: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    NATIVE: tl.constexpr, HW_CVT: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Program (kn, e): the [BLOCK_K, BLOCK_N] tile kn of group e's weight gradient, walking the
     group's rows from its start, BLOCK_M (a multiple of 32) at a time, so that every 32-row block
@@ -150,11 +173,16 @@ def _groups_kernel(
         rows = g_start + t * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < g_end
         r64 = rows.to(tl.int64)[:, None]
-        a = _operand(a_ptr, r64 * sa_m + kk[None, :] * sa_k, row_ok[:, None] & k_ok[None, :],
-                     BLOCK_M, BLOCK_K, 0, QUANT_A, RCEIL, HW_CVT)
-        gr = _operand(g_ptr, r64 * sg_m + nn[None, :] * sg_n, row_ok[:, None] & n_ok[None, :],
-                      BLOCK_M, BLOCK_N, 0, QUANT_B, RCEIL, HW_CVT)
-        acc = tl.dot(tl.trans(a), gr, acc, input_precision=PRECISION)
+        a_offs, a_ok = r64 * sa_m + kk[None, :] * sa_k, row_ok[:, None] & k_ok[None, :]
+        g_offs, g_ok = r64 * sg_m + nn[None, :] * sg_n, row_ok[:, None] & n_ok[None, :]
+        if NATIVE:
+            a8, a_s = _scaled_operand(a_ptr, a_offs, a_ok, BLOCK_M, BLOCK_K, 0, RCEIL, HW_CVT)
+            g8, g_s = _scaled_operand(g_ptr, g_offs, g_ok, BLOCK_M, BLOCK_N, 0, RCEIL, HW_CVT)
+            acc = tl.dot_scaled(tl.trans(a8), a_s, "e4m3", g8, g_s, "e4m3", acc)
+        else:
+            a = _operand(a_ptr, a_offs, a_ok, BLOCK_M, BLOCK_K, 0, QUANT_A, RCEIL, HW_CVT)
+            gr = _operand(g_ptr, g_offs, g_ok, BLOCK_M, BLOCK_N, 0, QUANT_B, RCEIL, HW_CVT)
+            acc = tl.dot(tl.trans(a), gr, acc, input_precision=PRECISION)
     offs = e.to(tl.int64) * sc_e + kk[:, None] * sc_k + nn[None, :] * sc_n
     store_f32(c_ptr + offs, acc, k_ok[:, None] & n_ok[None, :], True, HW_CVT)
 
@@ -173,7 +201,7 @@ _GROUPS_CONFIGS = [
 ]
 _INTERPRETER = {"rows": {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 64},
                 "groups": {"BLOCK_M": 64, "BLOCK_K": 32, "BLOCK_N": 32}}
-_MODE = ["G", "QUANT_A", "QUANT_B", "RCEIL"]
+_MODE = ["G", "QUANT_A", "QUANT_B", "RCEIL", "NATIVE"]
 _KERNELS = {
     "rows": (_rows_kernel, triton.autotune(_ROWS_CONFIGS, key=["N", "K", "sb_k", "sb_n", *_MODE])(_rows_kernel)),
     "groups": (_groups_kernel,
@@ -186,18 +214,24 @@ def _run(kind: str, grid, args: tuple, consts: dict, layout: tuple) -> None:
     launch_tuned(kernel, tuned, (*layout, *consts.values()), grid, args, consts, _INTERPRETER[kind])
 
 
-def _consts(offs: torch.Tensor, quant: tuple[bool, bool], rounding: str, on_gpu: bool) -> dict:
+def _consts(offs: torch.Tensor, quant: tuple[bool, bool], rounding: str, native: bool, on_gpu: bool) -> dict:
     check_choice("rounding", rounding)
+    if native and quant != (True, True):
+        raise ValueError("native=True multiplies MXFP8 operands: quant must be (True, True)")
+    if native and on_gpu and torch.cuda.get_device_capability(offs.device)[0] != 10:
+        raise ValueError("native=True needs compute capability 10.x (the MXFP8 MMA)")
     G = offs.numel()
-    return dict(G=G, GP=pow2(G), QUANT_A=quant[0], QUANT_B=quant[1], RCEIL=rounding == "rceil", HW_CVT=on_gpu,
+    return dict(G=G, GP=pow2(G), QUANT_A=quant[0], QUANT_B=quant[1], RCEIL=rounding == "rceil", NATIVE=native,
+                HW_CVT=on_gpu,
                 PRECISION="tf32" if on_gpu else "ieee")
 
 
 def grouped_mm(a_MK: torch.Tensor, b_EKN: torch.Tensor, offs: torch.Tensor, rounding: str = "rceil",
-               quant: tuple[bool, bool] = (True, True)) -> torch.Tensor:
+               quant: tuple[bool, bool] = (True, True), native: bool = False) -> torch.Tensor:
     """out[M, N] = A @ B[e] over the rows of each group e (bf16 out): `torch._grouped_mm(a, b,
     offs)` on the MXFP8 values, in blocks of 32 along K, of a (where quant[0]) and b (quant[1]).
-    b may be any strided [E, K, N] view, e.g. the input gradient's transposed weight."""
+    b may be any strided [E, K, N] view, e.g. the input gradient's transposed weight. `native`:
+    the hardware MXFP8 MMA (`tl.dot_scaled`; compute capability 10.x or the interpreter)."""
     M, K = a_MK.shape
     E, _, N = b_EKN.shape
     out_MN = torch.empty(M, N, dtype=torch.bfloat16, device=a_MK.device)
@@ -205,7 +239,7 @@ def grouped_mm(a_MK: torch.Tensor, b_EKN: torch.Tensor, offs: torch.Tensor, roun
         return out_MN
     on_gpu = a_MK.is_cuda
     a, b, out = as_bits(a_MK), as_bits(b_EKN), as_bits(out_MN)
-    consts = _consts(offs, quant, rounding, on_gpu)
+    consts = _consts(offs, quant, rounding, native, on_gpu)
 
     def grid(meta):  # group tiles (at most one partial per group), then the tail past the last end
         return cdiv(N, meta["BLOCK_N"]), 2 * cdiv(M, meta["BLOCK_M"]) + E
@@ -216,10 +250,10 @@ def grouped_mm(a_MK: torch.Tensor, b_EKN: torch.Tensor, offs: torch.Tensor, roun
 
 
 def grouped_mm_wgrad(a_MK: torch.Tensor, g_MN: torch.Tensor, offs: torch.Tensor, rounding: str = "rceil",
-                     quant: tuple[bool, bool] = (True, True)) -> torch.Tensor:
+                     quant: tuple[bool, bool] = (True, True), native: bool = False) -> torch.Tensor:
     """out[E, K, N] = A[rows of e]^T @ G[rows of e] (bf16 out): `torch._grouped_mm(a.t(), g,
     offs)` on the MXFP8 values, in blocks of 32 along the rows restarting at every group start,
-    of a (where quant[0]) and g (quant[1])."""
+    of a (where quant[0]) and g (quant[1]). `native` as for `grouped_mm`."""
     M, K = a_MK.shape
     N = g_MN.shape[1]
     E = offs.numel()
@@ -228,7 +262,7 @@ def grouped_mm_wgrad(a_MK: torch.Tensor, g_MN: torch.Tensor, offs: torch.Tensor,
         return out_EKN
     on_gpu = a_MK.is_cuda
     a, g, out = as_bits(a_MK), as_bits(g_MN), as_bits(out_EKN)
-    consts = _consts(offs, quant, rounding, on_gpu)
+    consts = _consts(offs, quant, rounding, native, on_gpu)
 
     def grid(meta):
         return cdiv(K, meta["BLOCK_K"]) * cdiv(N, meta["BLOCK_N"]), E

@@ -3,8 +3,9 @@
   native     compute capability 10.x, K and N multiples of 128: float8 operands + blocked e8m0
              scales into `torch._scaled_grouped_mm` (never on 9.x: that call corrupts the CUDA
              context there);
-  fused      other CUDA GPUs, where FUSED: Triton grouped GEMMs that round their bf16 operands to
-             MXFP8 values in registers as they load them (`kernels/triton_mx_gemm.py`);
+  fused      any CUDA GPU, where FUSED: Triton grouped GEMMs that quantize their bf16 operands
+             in registers as they load them (`kernels/triton_mx_gemm.py`), into the MXFP8 MMA
+             (`tl.dot_scaled`) on 10.x and a bf16 dot of the MXFP8 values elsewhere;
   emulated   other CUDA GPUs: Triton quantize-dequantize (exact MXFP8 values, which bf16 holds
              exactly) feeding the bf16 `torch._grouped_mm`;
   reference  CPU: the same emulation with the pure-torch reference.
@@ -20,9 +21,13 @@ from . import weights
 from .library import OUT_DTYPE, define, like
 
 # The fused kernels run 2.3-8.3x slower than the separate path on the H200 (docs/performance.md,
-# "Fused grouped GEMMs"): opt-in, for GPUs and Triton versions where they win. Part of the
-# compile caches' key (backend.py).
+# "Fused grouped GEMMs") and are unmeasured on 10.x: opt-in, for GPUs and Triton versions where
+# they win. Part of the compile caches' key (backend.py).
 FUSED = False
+
+
+def _cc10(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 10
 
 
 def gemm_path(device: torch.device, K: int, N: int) -> str:
@@ -30,10 +35,12 @@ def gemm_path(device: torch.device, K: int, N: int) -> str:
     "native", "fused", "emulated" or "reference"."""
     if device.type != "cuda":
         return "reference"
+    if FUSED:
+        return "fused"
     # the native scale layouts are verified only where K/32 and N/32 fill whole 4-column tiles
-    if torch.cuda.get_device_capability(device)[0] == 10 and K % 128 == 0 and N % 128 == 0:
+    if _cc10(device) and K % 128 == 0 and N % 128 == 0:
         return "native"
-    return "fused" if FUSED else "emulated"
+    return "emulated"
 
 
 # --------------------------------------------------------------------------------------------
@@ -93,13 +100,13 @@ quantize_dequantize_groups_op = define(
 def _fused_rows(a_MK, b_EKN, offs, rounding):
     from ..kernels import triton_mx_gemm  # imported lazily: triton is optional off Linux
 
-    return triton_mx_gemm.grouped_mm(a_MK, b_EKN, offs, rounding)
+    return triton_mx_gemm.grouped_mm(a_MK, b_EKN, offs, rounding, native=_cc10(a_MK.device))
 
 
 def _fused_groups(a_MK, g_MN, offs, rounding):
     from ..kernels import triton_mx_gemm
 
-    return triton_mx_gemm.grouped_mm_wgrad(a_MK, g_MN, offs, rounding)
+    return triton_mx_gemm.grouped_mm_wgrad(a_MK, g_MN, offs, rounding, native=_cc10(a_MK.device))
 
 
 fused_grouped_mm_op = define(

@@ -1,5 +1,8 @@
 """The fused MXFP8 grouped GEMMs (interpreter on CPU): the rounding in registers is bit-exact with
-the reference quantizers, and the products are the reference's MXFP8 products in fp32."""
+the reference quantizers, and the products are the reference's MXFP8 products in fp32, through
+the bf16 dot (Hopper and older) and through `tl.dot_scaled` (native, compute capability 10.x)."""
+
+import functools
 
 import pytest
 import torch
@@ -68,29 +71,31 @@ def _assert_products(got, want):
     torch.testing.assert_close(got.float()[finite], want.bfloat16().float()[finite], rtol=2**-7, atol=1e-30)
 
 
+@pytest.mark.parametrize("native", [False, True])
 @pytest.mark.parametrize("groups", sorted(GROUPS))
 @pytest.mark.parametrize("rounding", ["rceil", "floor"])
 @pytest.mark.parametrize("layout", ["transposed", "plain"])
-def test_rows_kernel_is_the_mxfp8_product(groups, rounding, layout):
+def test_rows_kernel_is_the_mxfp8_product(groups, rounding, layout, native):
     sizes, tail = GROUPS[groups]
     offs = make_offs(sizes)
     M, K, N, E = int(offs[-1]) + tail, 96, 64, len(sizes)
     a = _wide((M, K), 1, specials=groups == "uneven")
     w = _wide((E, N, K) if layout == "transposed" else (E, K, N), 2)
     b = w.transpose(-2, -1) if layout == "transposed" else w  # forward's view / input gradient's form
-    got = fused.grouped_mm(a, b, offs, rounding)
+    got = fused.grouped_mm(a, b, offs, rounding, native=native)
     _assert_products(got, _rows_reference(a, b, offs, rounding))
     assert (got[int(offs[-1]):] == 0).all()  # rows past the last group end
 
 
+@pytest.mark.parametrize("native", [False, True])
 @pytest.mark.parametrize("groups", sorted(GROUPS))
 @pytest.mark.parametrize("rounding", ["rceil", "floor"])
-def test_groups_kernel_is_the_mxfp8_product(groups, rounding):
+def test_groups_kernel_is_the_mxfp8_product(groups, rounding, native):
     sizes, tail = GROUPS[groups]
     offs = make_offs(sizes)
     M = int(offs[-1]) + tail
     a, g = _wide((M, 64), 3, specials=groups == "uneven"), _wide((M, 96), 4)
-    got = fused.grouped_mm_wgrad(a, g, offs, rounding)
+    got = fused.grouped_mm_wgrad(a, g, offs, rounding, native=native)
     _assert_products(got, _groups_reference(a, g, offs, rounding))
     empty = torch.tensor(sizes) == 0
     assert (got[empty] == 0).all()  # an empty group's weight gradient
@@ -108,27 +113,29 @@ def test_300_groups():
     M = int(offs[-1]) + 3
     a, w, g = _wide((M, 32), 12, specials=True), _wide((300, 32, 32), 13), _wide((M, 32), 14)
     _assert_products(fused.grouped_mm(a, w, offs, "floor"), _rows_reference(a, w, offs, "floor"))
-    _assert_products(fused.grouped_mm_wgrad(a, g, offs, "rceil"), _groups_reference(a, g, offs, "rceil"))
+    _assert_products(fused.grouped_mm_wgrad(a, g, offs, "rceil", native=True), _groups_reference(a, g, offs, "rceil"))
 
 
+@pytest.mark.parametrize("native", [False, True])
 @pytest.mark.parametrize("rounding", ["rceil", "floor"])
-def test_rounding_in_registers_is_bit_exact(rounding):
+def test_rounding_in_registers_is_bit_exact(rounding, native):
     """An identity operand returns the other operand's MXFP8 values exactly, so each operand's
     in-register rounding is compared with the reference quantizer's values."""
+    fused_mm = functools.partial(fused.grouped_mm, native=native)
+    fused_wgrad = functools.partial(fused.grouped_mm_wgrad, native=native)
     B, E = 64, 3
     offs = make_offs([B, B, B])
     eye = torch.eye(B, dtype=torch.bfloat16)
     rows_eye = torch.cat([eye] * E)
     x = _wide((E * B, B), 5)
     w = _wide((E, B, B), 6)
-    _assert_values_equal(fused.grouped_mm(x, eye.expand(E, B, B), offs, rounding),
-                         ref.quantize_dequantize(x, -1, rounding))
+    _assert_values_equal(fused_mm(x, eye.expand(E, B, B), offs, rounding), ref.quantize_dequantize(x, -1, rounding))
     for b in (w, w.transpose(-2, -1)):
-        _assert_values_equal(fused.grouped_mm(rows_eye, b, offs, rounding).view(E, B, B),
+        _assert_values_equal(fused_mm(rows_eye, b, offs, rounding).view(E, B, B),
                              ref.quantize_dequantize(b, 1, rounding))
     want = ref.quantize_dequantize_groups(x, offs, rounding).view(E, B, B)
-    _assert_values_equal(fused.grouped_mm_wgrad(rows_eye, x, offs, rounding), want)
-    _assert_values_equal(fused.grouped_mm_wgrad(x, rows_eye, offs, rounding), want.transpose(-2, -1))
+    _assert_values_equal(fused_wgrad(rows_eye, x, offs, rounding), want)
+    _assert_values_equal(fused_wgrad(x, rows_eye, offs, rounding), want.transpose(-2, -1))
 
 
 def test_plain_bf16_mode_is_the_bf16_product():
@@ -141,6 +148,12 @@ def test_plain_bf16_mode_is_the_bf16_product():
 
     _grouped(gemm, offs, 105)
     _assert_products(fused.grouped_mm(a, w, offs, quant=(False, False)), want)
+
+
+def test_native_takes_mxfp8_operands_only():
+    offs = make_offs([32])
+    with pytest.raises(ValueError, match="quant must be"):
+        fused.grouped_mm(_wide((32, 32), 15), _wide((1, 32, 32), 16), offs, quant=(True, False), native=True)
 
 
 @pytest.mark.parametrize("ends", [[50, 20, 90], [-5, 40, 400], [200, 10, 2**30]])
