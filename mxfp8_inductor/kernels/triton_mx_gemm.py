@@ -60,11 +60,20 @@ def _round_bf16(y, HW_CVT: tl.constexpr):
 
 
 @triton.jit
-def _quantize(x, AXIS: tl.constexpr, RCEIL: tl.constexpr, HW_CVT: tl.constexpr):
-    """float32 x (3-D, blocks of 32 along AXIS) as float8 bytes and biased e8m0 exponents (AXIS
-    reduced): `_mx_quant_kernel`'s arithmetic, so bit-exact with it and with the reference."""
-    biased = scale_exponent(block_amax(x, AXIS), RCEIL)
-    return scaled_to_e4m3(x, tl.expand_dims(inv_scale(biased), AXIS), HW_CVT), biased
+def _quantize_tile(ptr, offs, mask, R: tl.constexpr, C: tl.constexpr, BLOCKS_ALONG: tl.constexpr,
+                   RCEIL: tl.constexpr, HW_CVT: tl.constexpr):
+    """A bf16 [R, C] tile quantized in blocks of 32 along rows (BLOCKS_ALONG=0) or columns (1):
+    float8 bytes in the blocked view ([R // 32, 32, C] or [R, C // 32, 32]) and the blocks' biased
+    e8m0 exponents, broadcastable against it. `_mx_quant_kernel`'s arithmetic, so bit-exact with
+    it and with the reference."""
+    x = load_f32(ptr + offs, mask)
+    if BLOCKS_ALONG == 0:
+        x = tl.reshape(x, [R // 32, 32, C])
+        biased = tl.expand_dims(scale_exponent(block_amax(x, 1), RCEIL), 1)
+    else:
+        x = tl.reshape(x, [R, C // 32, 32])
+        biased = tl.expand_dims(scale_exponent(block_amax(x, 2), RCEIL), 2)
+    return scaled_to_e4m3(x, inv_scale(biased), HW_CVT), biased
 
 
 @triton.jit
@@ -72,13 +81,11 @@ def _scaled_operand(ptr, offs, mask, R: tl.constexpr, C: tl.constexpr, BLOCKS_AL
                     RCEIL: tl.constexpr, HW_CVT: tl.constexpr):
     """An [R, C] tile as `tl.dot_scaled` takes it: float8 data [R, C] and its scale bytes, one per
     block of 32 along rows ([C, R // 32], BLOCKS_ALONG=0) or columns ([R, C // 32], 1)."""
-    x = load_f32(ptr + offs, mask)
+    q8, biased = _quantize_tile(ptr, offs, mask, R, C, BLOCKS_ALONG, RCEIL, HW_CVT)
     if BLOCKS_ALONG == 0:
-        q8, biased = _quantize(tl.reshape(x, [R // 32, 32, C]), 1, RCEIL, HW_CVT)
-        scales = tl.trans(biased)
+        scales = tl.trans(tl.reshape(biased, [R // 32, C]))
     else:
-        q8, biased = _quantize(tl.reshape(x, [R, C // 32, 32]), 2, RCEIL, HW_CVT)
-        scales = biased
+        scales = tl.reshape(biased, [R, C // 32])
     return tl.reshape(q8, [R, C]).to(tl.float8e4nv, bitcast=True), scales.to(tl.uint8)
 
 
@@ -88,14 +95,8 @@ def _operand(ptr, offs, mask, R: tl.constexpr, C: tl.constexpr, BLOCKS_ALONG: tl
     """An [R, C] operand tile ready for tl.dot: bf16 (fp32 in the interpreter), rounded to MXFP8
     values in blocks of 32 along rows (BLOCKS_ALONG=0) or columns (1) where QUANT."""
     if QUANT:
-        x = load_f32(ptr + offs, mask)
-        if BLOCKS_ALONG == 0:
-            q8, biased = _quantize(tl.reshape(x, [R // 32, 32, C]), 1, RCEIL, HW_CVT)
-            x = tl.reshape(e4m3_decode(q8, HW_CVT) * tl.expand_dims(e8m0_to_float(biased), 1), [R, C])
-        else:
-            q8, biased = _quantize(tl.reshape(x, [R, C // 32, 32]), 2, RCEIL, HW_CVT)
-            x = tl.reshape(e4m3_decode(q8, HW_CVT) * tl.expand_dims(e8m0_to_float(biased), 2), [R, C])
-        out = _round_bf16(x, HW_CVT)
+        q8, biased = _quantize_tile(ptr, offs, mask, R, C, BLOCKS_ALONG, RCEIL, HW_CVT)
+        out = _round_bf16(tl.reshape(e4m3_decode(q8, HW_CVT) * e8m0_to_float(biased), [R, C]), HW_CVT)
     elif HW_CVT:
         out = tl.load(ptr + offs, mask=mask, other=0.0)
     else:
@@ -110,10 +111,11 @@ def _rows_kernel(
     NATIVE: tl.constexpr, HW_CVT: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """Program (n, t): output columns n*BLOCK_N.. of row tile t. Tiles run group after group, each
+    """Program (t, n): row tile t, output columns n*BLOCK_N... Tiles run group after group, each
     group's rows cut into ceil(rows / BLOCK_M) tiles; programs past them zero the rows after the
-    last group end, BLOCK_M rows each."""
-    pid_n, pid_m = tl.program_id(0), tl.program_id(1)
+    last group end, BLOCK_M rows each. Row tiles take the grid's first axis, the one without a
+    65535 limit."""
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     starts, ends, tile_ends = group_table(ends_ptr, G, GP, BLOCK_M, M)
     n_tiles = tl.max(tile_ends, 0)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -214,6 +216,20 @@ def _run(kind: str, grid, args: tuple, consts: dict, layout: tuple) -> None:
     launch_tuned(kernel, tuned, (*layout, *consts.values()), grid, args, consts, _INTERPRETER[kind])
 
 
+def _check(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, rows_form: bool) -> None:
+    """The shapes each kernel indexes by: a [M, K] with b [E, K, N] and E group ends (rows form),
+    or a [M, K] and g [M, N] (groups form); offs 1-D int32, all on one device."""
+    if offs.dtype != torch.int32 or offs.dim() != 1:
+        raise ValueError(f"offs must be a 1-D int32 tensor of group ends, got {offs.dtype} {tuple(offs.shape)}")
+    if len({a.device, b.device, offs.device}) != 1:
+        raise ValueError("the operands and offs must be on one device")
+    if rows_form and (a.dim() != 2 or b.dim() != 3 or a.shape[1] != b.shape[1] or b.shape[0] != offs.numel()):
+        raise ValueError(f"need a [M, K], b [E, K, N] and E group ends, got {tuple(a.shape)}, {tuple(b.shape)} "
+                         f"and {offs.numel()} ends")
+    if not rows_form and (a.dim() != 2 or b.dim() != 2 or a.shape[0] != b.shape[0]):
+        raise ValueError(f"need a [M, K] and g [M, N], got {tuple(a.shape)} and {tuple(b.shape)}")
+
+
 def _consts(offs: torch.Tensor, quant: tuple[bool, bool], rounding: str, native: bool, on_gpu: bool) -> dict:
     check_choice("rounding", rounding)
     if native and quant != (True, True):
@@ -222,8 +238,7 @@ def _consts(offs: torch.Tensor, quant: tuple[bool, bool], rounding: str, native:
         raise ValueError("native=True needs compute capability 10.x (the MXFP8 MMA)")
     G = offs.numel()
     return dict(G=G, GP=pow2(G), QUANT_A=quant[0], QUANT_B=quant[1], RCEIL=rounding == "rceil", NATIVE=native,
-                HW_CVT=on_gpu,
-                PRECISION="tf32" if on_gpu else "ieee")
+                HW_CVT=on_gpu, PRECISION="tf32" if on_gpu else "ieee")
 
 
 def grouped_mm(a_MK: torch.Tensor, b_EKN: torch.Tensor, offs: torch.Tensor, rounding: str = "rceil",
@@ -232,6 +247,7 @@ def grouped_mm(a_MK: torch.Tensor, b_EKN: torch.Tensor, offs: torch.Tensor, roun
     offs)` on the MXFP8 values, in blocks of 32 along K, of a (where quant[0]) and b (quant[1]).
     b may be any strided [E, K, N] view, e.g. the input gradient's transposed weight. `native`:
     the hardware MXFP8 MMA (`tl.dot_scaled`; compute capability 10.x or the interpreter)."""
+    _check(a_MK, b_EKN, offs, rows_form=True)
     M, K = a_MK.shape
     E, _, N = b_EKN.shape
     out_MN = torch.empty(M, N, dtype=torch.bfloat16, device=a_MK.device)
@@ -242,7 +258,7 @@ def grouped_mm(a_MK: torch.Tensor, b_EKN: torch.Tensor, offs: torch.Tensor, roun
     consts = _consts(offs, quant, rounding, native, on_gpu)
 
     def grid(meta):  # group tiles (at most one partial per group), then the tail past the last end
-        return cdiv(N, meta["BLOCK_N"]), 2 * cdiv(M, meta["BLOCK_M"]) + E
+        return 2 * cdiv(M, meta["BLOCK_M"]) + E, cdiv(N, meta["BLOCK_N"])
 
     _run("rows", grid, (a, *a.stride(), b, *b.stride(), out, *out.stride(), offs, M, N, K), consts,
          (N, K, b.stride(1), b.stride(2)))
@@ -254,6 +270,7 @@ def grouped_mm_wgrad(a_MK: torch.Tensor, g_MN: torch.Tensor, offs: torch.Tensor,
     """out[E, K, N] = A[rows of e]^T @ G[rows of e] (bf16 out): `torch._grouped_mm(a.t(), g,
     offs)` on the MXFP8 values, in blocks of 32 along the rows restarting at every group start,
     of a (where quant[0]) and g (quant[1]). `native` as for `grouped_mm`."""
+    _check(a_MK, g_MN, offs, rows_form=False)
     M, K = a_MK.shape
     N = g_MN.shape[1]
     E = offs.numel()

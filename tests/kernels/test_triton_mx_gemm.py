@@ -150,10 +150,19 @@ def test_plain_bf16_mode_is_the_bf16_product():
     _assert_products(fused.grouped_mm(a, w, offs, quant=(False, False)), want)
 
 
-def test_native_takes_mxfp8_operands_only():
-    offs = make_offs([32])
-    with pytest.raises(ValueError, match="quant must be"):
-        fused.grouped_mm(_wide((32, 32), 15), _wide((1, 32, 32), 16), offs, quant=(True, False), native=True)
+@pytest.mark.parametrize(
+    "call, match",
+    [(lambda a, w, g, o: fused.grouped_mm(a, w, o, quant=(True, False), native=True), "quant must be"),
+     (lambda a, w, g, o: fused.grouped_mm(a, w[:1], o), "E group ends"),  # offs beyond the experts
+     (lambda a, w, g, o: fused.grouped_mm(a, w.transpose(-2, -1)[:, :16], o), r"b \[E, K, N\]"),
+     (lambda a, w, g, o: fused.grouped_mm(a, w, o.long()), "int32"),
+     (lambda a, w, g, o: fused.grouped_mm_wgrad(a, g[:5], o), r"g \[M, N\]"),
+     (lambda a, w, g, o: fused.grouped_mm(a, w, o, rounding="up"), "rounding")],
+)
+def test_bad_arguments_raise_value_error(call, match):
+    a, w, g = _wide((64, 32), 15), _wide((2, 32, 32), 16), _wide((64, 32), 17)
+    with pytest.raises(ValueError, match=match):
+        call(a, w, g, make_offs([30, 34]))
 
 
 @pytest.mark.parametrize("ends", [[50, 20, 90], [-5, 40, 400], [200, 10, 2**30]])
