@@ -13,8 +13,8 @@ inf) are checked against the separate path's NaN pattern instead, since NaN * 0 
 Per role (forward, input gradient, weight gradient) of the block's w1/w3 and w2 GEMMs, side by
 side: torch bf16, the separate path (quantize-dequantize kernels + torch bf16), and our kernel
 rounding both operands (fused), one of them, or neither (Triton bf16: the kernel's own rate
-against torch's). Then the block (shapes.GroupedExperts,
-32768 routed tokens) in bf16 and mxfp8 by either path, taking turns over --rounds rounds.
+against torch's). Then the block (shapes.GroupedExperts, 32768 routed tokens) in bf16 and mxfp8
+by either path, taking turns over --rounds rounds.
 """
 
 from __future__ import annotations

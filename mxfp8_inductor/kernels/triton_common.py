@@ -104,13 +104,19 @@ def store_f32(ptr, y, mask, OUT_BF16: tl.constexpr, HW_CVT: tl.constexpr):
         else:
             tl.store(ptr, y.to(tl.bfloat16), mask=mask)
     elif OUT_BF16:
-        bits = y.to(tl.int32, bitcast=True)
-        u = bits & 0x7FFFFFFF
-        r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-        r = tl.where(u > 0x7F800000, 0x7FC0, r) | ((bits >> 16) & 0x8000)
-        tl.store(ptr, r.to(tl.int16), mask=mask)
+        tl.store(ptr, bf16_bits(y).to(tl.int16), mask=mask)
     else:
         tl.store(ptr, y, mask=mask)
+
+
+@triton.jit
+def bf16_bits(y):
+    """The bf16 bit pattern (in int32) of fp32 y rounded to nearest even, NaN kept, in integer
+    math: the interpreter flushes subnormals in its casts."""
+    bits = y.to(tl.int32, bitcast=True)
+    u = bits & 0x7FFFFFFF
+    r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    return tl.where(u > 0x7F800000, 0x7FC0, r) | ((bits >> 16) & 0x8000)
 
 
 @triton.jit

@@ -29,13 +29,16 @@ from ..options import check_choice
 from .launch import launch_tuned
 from .triton_common import (
     as_bits,
+    bf16_bits,
     block_amax,
     cdiv,
     e4m3_decode,
     e8m0_to_float,
     group_ends,
+    group_of,
     group_table,
     inv_scale,
+    lane_value,
     load_f32,
     pow2,
     scale_exponent,
@@ -46,16 +49,12 @@ from .triton_common import (
 
 @triton.jit
 def _round_bf16(y, HW_CVT: tl.constexpr):
-    """fp32 -> bf16, round to nearest even: the hardware cast, or in the interpreter (which
-    flushes subnormals in its casts) the integer rounding of `store_f32`, kept as fp32 values."""
+    """fp32 -> bf16, round to nearest even: the hardware cast, or in the interpreter `bf16_bits`,
+    kept as fp32 values."""
     if HW_CVT:
         out = y.to(tl.bfloat16)
     else:
-        bits = y.to(tl.int32, bitcast=True)
-        u = bits & 0x7FFFFFFF
-        r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-        r = tl.where(u > 0x7F800000, 0x7FC0, r) | ((bits >> 16) & 0x8000)
-        out = (r << 16).to(tl.float32, bitcast=True)
+        out = (bf16_bits(y) << 16).to(tl.float32, bitcast=True)
     return out
 
 
@@ -121,15 +120,13 @@ def _rows_kernel(
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     if pid_m < n_tiles:
-        i = tl.arange(0, GP)
-        g = tl.sum(((tile_ends <= pid_m) & (i < G)).to(tl.int32), 0)
-        g_start = tl.sum(tl.where(i == g, starts, 0), 0)
-        g_end = tl.sum(tl.where(i == g, ends, 0), 0)
-        first_tile = tl.sum(tl.where(i == g, tile_ends, 0), 0) - tl.cdiv(g_end - g_start, BLOCK_M)
+        g = group_of(tile_ends, G, pid_m + tl.zeros([1], dtype=tl.int32))  # a 1-lane block: the helpers take blocks
+        g_start, g_end = lane_value(starts, g), lane_value(ends, g)
+        first_tile = lane_value(tile_ends, g) - tl.cdiv(g_end - g_start, BLOCK_M)
         rows = g_start + (pid_m - first_tile) * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < g_end
         a_rows = a_ptr + rows.to(tl.int64)[:, None] * sa_m
-        b_cols = b_ptr + g.to(tl.int64) * sb_e + cols[None, :] * sb_n
+        b_cols = b_ptr + g.to(tl.int64)[:, None] * sb_e + cols[None, :] * sb_n
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             kk = k0 + tl.arange(0, BLOCK_K)
