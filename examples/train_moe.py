@@ -42,7 +42,8 @@ import mxfp8_inductor  # noqa: F401  (registers backend="mxfp8")
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from moe_model import MoE  # noqa: E402
 
-RECIPES = ("bf16", "mxfp8", "fp8_rowwise")
+# "+all": targets="all", the blocks' dense linears too
+RECIPES = ("bf16", "mxfp8", "fp8_rowwise", "mxfp8+all", "fp8_rowwise+all")
 RESULTS = pathlib.Path(__file__).parent / "results"
 VOCAB = 256
 
@@ -142,11 +143,17 @@ def build_model(args: argparse.Namespace, device: torch.device | str = "cpu") ->
 
 def compile_blocks(model: ByteMoELM, recipe: str) -> None:
     """Compile each transformer block on its own, in place in `model.blocks`."""
+    name, _, scope = recipe.partition("+")
+    options = {"recipe": name}
+    if scope == "all":
+        # every linear but the routers: this model's (768-2304 wide) are all under the default
+        # dense_min_dim, a speed threshold, and this run is about numerics
+        options.update(targets="all", dense_min_dim=0)
     for i, block in enumerate(model.blocks):
         if recipe == "bf16":
             model.blocks[i] = torch.compile(block)
         else:
-            model.blocks[i] = torch.compile(block, backend="mxfp8", options={"recipe": recipe})
+            model.blocks[i] = torch.compile(block, backend="mxfp8", options=options)
 
 
 # ------------------------------------------------------------------------------------ training
@@ -293,7 +300,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--recipe", default="bf16,mxfp8,fp8_rowwise",
-                   help="bf16, mxfp8, fp8_rowwise, or a comma list run in turn (default: all three)")
+                   help=f"one of {', '.join(RECIPES)} (+all: the attention projections too), or a comma "
+                        "list run in turn (default: the first three)")
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--dim", type=int, default=768)

@@ -120,6 +120,54 @@ fused_grouped_mm_wgrad_op = define(
 
 
 # --------------------------------------------------------------------------------------------
+# The emulated weight GEMMs, with the weight cache (lowering/weights.py)
+
+
+def _dequantized_weight(b_EKN, dim, rounding):
+    """The weight rounded to MXFP8 values along `dim` (1: K, the forward's; 2: N, the input
+    gradient's), as bf16 in b's layout."""
+    return quantize_dequantize_op(b_EKN, dim, rounding)
+
+
+def _weight_operand(b_EKN, rounding, dgrad, cache):
+    """The weight's rounded operand: [E, K, N] for the forward, [E, N, K] for the input
+    gradient; one bf16 copy per orientation while the cache holds it."""
+    dim = 2 if dgrad else 1
+    (w_q_EKN,) = weights.quantized(b_EKN, ("mxfp8", rounding, "dequantized", dim),
+                                   lambda b: (_dequantized_weight(b, dim, rounding),), cache)
+    return w_q_EKN.transpose(-2, -1) if dgrad else w_q_EKN
+
+
+def _grouped_or_dense(x_q, w_q, offs):
+    """The bf16 grouped GEMM, or with offs None the dense one of a one-expert weight operand."""
+    return torch.mm(x_q, w_q[0]) if offs is None else torch._grouped_mm(x_q, w_q, offs)
+
+
+def _cached_weight_gemm(x_q, b_EKN, offs, rounding, dgrad):
+    return _grouped_or_dense(x_q, _weight_operand(b_EKN, rounding, dgrad, cache=True), offs)
+
+
+def _cached_weight_gemm_fake(x_q, b_EKN, offs, rounding, dgrad):
+    return x_q.new_empty(x_q.shape[0], b_EKN.shape[-2 if dgrad else -1], dtype=OUT_DTYPE)
+
+
+# an opaque op, so that the cached operand never becomes a buffer Inductor could reuse
+cached_weight_gemm_op = define(
+    "cached_weight_gemm", "(Tensor x_q, Tensor b, Tensor? offs, str rounding, bool dgrad) -> Tensor",
+    _cached_weight_gemm, _cached_weight_gemm_fake,
+)
+
+
+def _weight_gemm(x_MC, b_EKN, offs, rounding, cache, dgrad):
+    """x [M, C] (C = K forward, N input gradient) times the weight, both rounded to MXFP8 values
+    along C, into the bf16 GEMM (the emulated and reference paths)."""
+    x_q = quantize_dequantize_op(x_MC, -1, rounding)
+    if cache:
+        return cached_weight_gemm_op(x_q, b_EKN, offs, rounding, dgrad)
+    return _grouped_or_dense(x_q, _weight_operand(b_EKN, rounding, dgrad, cache=False), offs)
+
+
+# --------------------------------------------------------------------------------------------
 # The three GEMMs (see lowering/ops.py for the common interface)
 
 
@@ -132,9 +180,7 @@ def forward(a_MK, b_EKN, offs, rounding, cache, decomposing):
         return _scaled_grouped_mm(native_forward_args(implementation(a_MK.device), a_MK, b_EKN, offs, rounding, cache))
     if path == "fused":
         return fused_grouped_mm_op(a_MK, b_EKN, offs, rounding)
-    a_q = quantize_dequantize_op(a_MK, -1, rounding)
-    b_q = quantize_dequantize_op(b_EKN, 1, rounding)
-    return torch._grouped_mm(a_q, b_q, offs)
+    return _weight_gemm(a_MK, b_EKN, offs, rounding, cache, dgrad=False)
 
 
 def dgrad(grad_MN, b_EKN, offs, rounding, cache, decomposing):
@@ -147,9 +193,7 @@ def dgrad(grad_MN, b_EKN, offs, rounding, cache, decomposing):
         return _scaled_grouped_mm(args)
     if path == "fused":
         return fused_grouped_mm_op(grad_MN, b_EKN.transpose(-2, -1), offs, rounding)
-    g_q = quantize_dequantize_op(grad_MN, -1, rounding)
-    b_q = quantize_dequantize_op(b_EKN, 2, rounding)
-    return torch._grouped_mm(g_q, b_q.transpose(-2, -1), offs)
+    return _weight_gemm(grad_MN, b_EKN, offs, rounding, cache, dgrad=True)
 
 
 def wgrad(grad_MN, a_MK, offs, rounding, cache, decomposing):
@@ -171,15 +215,15 @@ def wgrad(grad_MN, a_MK, offs, rounding, cache, decomposing):
 
 # --------------------------------------------------------------------------------------------
 # Dense linears, out[M, N] = x[M, K] @ w[N, K]^T: emulated on every device (the native MXFP8
-# dense GEMM is not wired up)
+# dense GEMM is not wired up); the weight as a one-expert [1, K, N] view
 
 
 def dense_forward(x_MK, w_NK, rounding, cache, decomposing):
-    return torch.mm(quantize_dequantize_op(x_MK, -1, rounding), quantize_dequantize_op(w_NK, -1, rounding).t())
+    return _weight_gemm(x_MK, w_NK.t()[None], None, rounding, cache, dgrad=False)
 
 
 def dense_dgrad(grad_MN, w_NK, rounding, cache, decomposing):
-    return torch.mm(quantize_dequantize_op(grad_MN, -1, rounding), quantize_dequantize_op(w_NK, 0, rounding))
+    return _weight_gemm(grad_MN, w_NK.t()[None], None, rounding, cache, dgrad=True)
 
 
 def dense_wgrad(grad_MN, x_MK, rounding, cache, decomposing):

@@ -128,30 +128,35 @@ def test_opcheck():
         # (opcheck's schema test compares inputs with allclose, which float8 tensors lack)
         torch.library.opcheck(rw_lowering.cached_weight_gemm_op, (x_fp8, x_scales, b.detach(), offs, "rceil", dgrad),
                               test_utils=("test_faketensor", "test_autograd_registration"))
+    for dgrad, x in ((False, a.detach()), (True, grad)):
+        torch.library.opcheck(mx_lowering.cached_weight_gemm_op,
+                              (mx_lowering.quantize_dequantize_op(x, -1, "rceil"), b.detach(), offs, "rceil", dgrad))
     torch.library.opcheck(mx_lowering.quantize_dequantize_op, (b.detach(), 1, "rceil"))
     torch.library.opcheck(mx_lowering.quantize_dequantize_groups_op, (a.detach(), offs, "floor"))
 
 
 def test_inductor_sees_the_quantizers_and_computes_shared_ones_once():
-    """Under Inductor the GEMM ops decompose into quantize-dequantize + aten._grouped_mm, so the
-    tokens feeding w1 and w3 are quantized once in the forward and once in the weight gradient."""
+    """Under Inductor the GEMM ops decompose into the tokens' quantize-dequantize and a GEMM, so
+    the tokens feeding w1 and w3 are quantized once; each weight's rounding sits inside the
+    cached-weight GEMM op, or with the cache off beside the tokens'."""
     from torch._inductor.decomposition import select_decomp_table
     from torch.fx.experimental.proxy_tensor import make_fx
 
     a, w, b_of, offs, grad = _problem(4, K=64, N=64, tail=0)
     w3 = w.clone()
 
-    def block(a, w, w3):
-        h = torch.nn.functional.silu(gm.grouped_mm_op(a, b_of(w), offs, *["mxfp8"] * 3, "rceil", True))
-        return h * gm.grouped_mm_op(a, b_of(w3), offs, *["mxfp8"] * 3, "rceil", True)
-
     from torch._functorch.compile_utils import fx_graph_cse
 
-    graph = fx_graph_cse(make_fx(block, decomposition_table=select_decomp_table())(a, w, w3).graph)
-    targets = [str(n.target) for n in graph.nodes if n.op == "call_function"]
-    assert targets.count("mxfp8.quantize_dequantize.default") == 3  # a once, w, w3
-    assert targets.count("aten._grouped_mm.default") == 2
-    assert not any("mxfp8.grouped_mm" in t for t in targets)
+    for cache, weight_gemm in ((True, "mxfp8.cached_weight_gemm.default"), (False, "aten._grouped_mm.default")):
+        def block(a, w, w3):
+            h = torch.nn.functional.silu(gm.grouped_mm_op(a, b_of(w), offs, *["mxfp8"] * 3, "rceil", cache))
+            return h * gm.grouped_mm_op(a, b_of(w3), offs, *["mxfp8"] * 3, "rceil", cache)
+
+        graph = fx_graph_cse(make_fx(block, decomposition_table=select_decomp_table())(a, w, w3).graph)
+        targets = [str(n.target) for n in graph.nodes if n.op == "call_function"]
+        assert targets.count("mxfp8.quantize_dequantize.default") == (1 if cache else 3)  # a once (w, w3)
+        assert targets.count(weight_gemm) == 2
+        assert not any("mxfp8.grouped_mm" in t for t in targets)
 
 
 def test_compile_fullgraph_matches_eager():
