@@ -173,6 +173,14 @@ def summarize(runs: list[dict], depths: list[int]) -> list[dict]:
     return rows
 
 
+def write(args: argparse.Namespace, meta: dict, runs: list[dict], depths: list[int]) -> list[dict]:
+    """Write the runs so far and their summary rows to --out; returns the rows."""
+    rows = summarize(runs, depths)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({**meta, "rows": rows, "runs": runs}, indent=1) + "\n")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="qwen3_30b,mixtral_8x7b")
@@ -197,6 +205,10 @@ def main(argv: list[str] | None = None) -> None:
     depths = [int(d) for d in args.depths.split(",")]
     parts = [json.loads(f.read_text()) for f in args.combine or ()]
     runs = [r for part in parts for r in part["runs"]]
+    meta = {"gpu": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "torch": torch.__version__,
+            "date": datetime.date.today().isoformat(), "microbatches": args.microbatches, "steps": args.steps}
+    if args.combine:
+        meta = {k: v for k, v in parts[0].items() if k not in ("rows", "runs")}
     for model in [] if args.combine else args.models.split(","):
         for depth in depths:
             for variant in args.variants.split(","):
@@ -213,20 +225,15 @@ def main(argv: list[str] | None = None) -> None:
                     continue
                 run = json.loads(proc.stdout.strip().splitlines()[-1])
                 runs.append(run)
+                write(args, meta, runs, depths)  # what has run survives a stopped benchmark
                 print(f"{model:<14} {variant:<12} depth {depth}: {run['step_ms']:8.1f} ms/step "
                       f"{run['tokens_per_s']:9.0f} tok/s  peak {run['peak_gb']:6.1f} GB  "
                       f"compile {run['compile_s']:5.1f} s", flush=True)
-    rows = summarize(runs, depths)
+    rows = write(args, meta, runs, depths)
     print(f"\n{'model':<14} {'variant':<12} {'per layer':>9} {'whole step':>10} {'peak GB':>8}")
     for r in rows:
         print(f"{r['model']:<14} {r['variant']:<12} {r['speedup']:8.3f}x {r['speedup_whole_step']:9.3f}x "
               f"{r['peak_gb']:8.1f}")
-    meta = {"gpu": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "torch": torch.__version__,
-            "date": datetime.date.today().isoformat(), "microbatches": args.microbatches, "steps": args.steps}
-    if args.combine:
-        meta = {k: v for k, v in parts[0].items() if k not in ("rows", "runs")}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({**meta, "rows": rows, "runs": runs}, indent=1) + "\n")
     print(f"wrote {args.out}")
 
 
