@@ -18,7 +18,9 @@ fresh process so compiles, caches and allocator state do not leak between them. 
 run: tokens/s, step ms (median of --steps timed steps after --warmup), peak memory, compile time
 (the first step). Per model and variant, from the two depths: the marginal time of one more
 layer, which is what a full-depth model sees, and its ratio to bf16 (`speedup`), beside the
-whole-step ratio at the deeper depth (`speedup_whole_step`).
+whole-step ratio at the deeper depth (`speedup_whole_step`). Ratios are always to the bf16 runs
+of the same invocation; `--combine` keeps, per model and variant, the row of the last file that
+ran it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import argparse
 import datetime
 import json
 import pathlib
+import re
 import statistics
 import subprocess
 import sys
@@ -98,7 +101,9 @@ def _torchao(model: torch.nn.Module, dense: bool) -> int:
                 and module.in_features % 16 == 0 and module.out_features % 16 == 0)
 
     count = sum(experts(m, n) for n, m in model.named_modules())
-    quantize_(model, Float8TrainingOpConfig(), filter_fn=experts)
+    # torchao pads token groups to its FP8 GEMM's multiple of 16 only when asked: TorchTitan's
+    # MoE pads them itself, a transformers model does not (unpadded, torch's kernel asserts)
+    quantize_(model, Float8TrainingOpConfig(pad_token_groups_for_grouped_mm=True), filter_fn=experts)
     if dense:
         count += sum(linears(m, n) for n, m in model.named_modules())
         convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name("rowwise"),
@@ -156,21 +161,34 @@ def worker(args: argparse.Namespace) -> dict:
             "compile_s": compile_s}
 
 
+RAISED = re.compile(r"[\w.]+(Error|Exception|Unsupported)\b")  # a traceback's exception line
+
+
 def summarize(runs: list[dict], depths: list[int]) -> list[dict]:
-    """One row per model and variant: the deeper run's numbers plus per-layer and whole-step ratios."""
+    """One row per model and variant: the deeper run's numbers and its per-layer and whole-step
+    ratios to the bf16 runs of the same session (one invocation: variants side by side). Where
+    several sessions ran a variant, the latest (in `runs` order) gives its row."""
     lo, hi = min(depths), max(depths)
-    by = {(r["model"], r["variant"], r["depth"]): r for r in runs}
-    rows = []
-    for (model, variant, depth), r in sorted(by.items()):
-        if depth != hi or (model, variant, lo) not in by or (model, "bf16", hi) not in by:
+    sessions: dict[tuple, dict[tuple[str, int], dict]] = {}
+    for r in runs:  # dicts keep first-insertion order: move a session to the end on each run
+        key = (r.get("session"), r["model"])
+        sessions[key] = {**sessions.pop(key, {}), (r["variant"], r["depth"]): r}
+    rows = {}
+    for (_, model), by in sessions.items():
+        if ("bf16", lo) not in by or ("bf16", hi) not in by:
             continue
-        per_layer = (r["step_ms"] - by[(model, variant, lo)]["step_ms"]) / (hi - lo)
-        base = by[(model, "bf16", hi)]
-        base_per_layer = (base["step_ms"] - by[(model, "bf16", lo)]["step_ms"]) / (hi - lo)
-        rows.append({**{k: r[k] for k in ("model", "variant", "tokens_per_s", "peak_gb", "params_gb", "compile_s")},
-                     "layer_ms": per_layer, "speedup": base_per_layer / per_layer,
-                     "speedup_whole_step": base["step_ms"] / r["step_ms"], "depths": [lo, hi]})
-    return rows
+        base = by[("bf16", hi)]
+        base_per_layer = (base["step_ms"] - by[("bf16", lo)]["step_ms"]) / (hi - lo)
+        for (variant, depth), r in by.items():
+            if depth != hi or (variant, lo) not in by:
+                continue
+            per_layer = (r["step_ms"] - by[(variant, lo)]["step_ms"]) / (hi - lo)
+            rows[(model, variant)] = {
+                **{k: r[k] for k in ("model", "variant", "tokens_per_s", "peak_gb", "params_gb", "compile_s")},
+                "layer_ms": per_layer, "speedup": base_per_layer / per_layer,
+                "speedup_whole_step": base["step_ms"] / r["step_ms"], "depths": [lo, hi],
+                "session": r.get("session")}
+    return [rows[k] for k in sorted(rows)]
 
 
 def write(args: argparse.Namespace, meta: dict, runs: list[dict], depths: list[int]) -> list[dict]:
@@ -204,7 +222,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     depths = [int(d) for d in args.depths.split(",")]
     parts = [json.loads(f.read_text()) for f in args.combine or ()]
-    runs = [r for part in parts for r in part["runs"]]
+    # runs of files made before sessions were recorded: one session per file
+    runs = [{"session": f.stem, **r} for f, part in zip(args.combine or (), parts) for r in part["runs"]]
+    session = datetime.datetime.now().isoformat(timespec="seconds")
     meta = {"gpu": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "torch": torch.__version__,
             "date": datetime.date.today().isoformat(), "microbatches": args.microbatches, "steps": args.steps}
     if args.combine:
@@ -221,9 +241,12 @@ def main(argv: list[str] | None = None) -> None:
                     print(f"{model} {variant} depth {depth}: timed out after {args.timeout:.0f} s", flush=True)
                     continue
                 if proc.returncode:
-                    print(f"{model} {variant} depth {depth}: failed\n{proc.stderr[-2000:]}", flush=True)
+                    # the exception's own line (Dynamo's sits above a long user-code trace), then the tail
+                    raised = [line for line in proc.stderr.splitlines() if RAISED.match(line)]
+                    print(f"{model} {variant} depth {depth}: failed: {raised[-1] if raised else ''}\n"
+                          f"{proc.stderr[-2000:]}", flush=True)
                     continue
-                run = json.loads(proc.stdout.strip().splitlines()[-1])
+                run = {"session": session, **json.loads(proc.stdout.strip().splitlines()[-1])}
                 runs.append(run)
                 write(args, meta, runs, depths)  # what has run survives a stopped benchmark
                 print(f"{model:<14} {variant:<12} depth {depth}: {run['step_ms']:8.1f} ms/step "

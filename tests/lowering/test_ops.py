@@ -135,7 +135,9 @@ def test_opcheck():
     torch.library.opcheck(mx_lowering.quantize_dequantize_groups_op, (a.detach(), offs, "floor"))
 
 
-def test_inductor_sees_the_quantizers_and_computes_shared_ones_once():
+@pytest.mark.parametrize("cache, weight_gemm", [(True, "mxfp8.cached_weight_gemm.default"),
+                                                (False, "aten._grouped_mm.default")])
+def test_inductor_sees_the_quantizers_and_computes_shared_ones_once(cache, weight_gemm):
     """Under Inductor the GEMM ops decompose into the tokens' quantize-dequantize and a GEMM, so
     the tokens feeding w1 and w3 are quantized once; each weight's rounding sits inside the
     cached-weight GEMM op, or with the cache off beside the tokens'."""
@@ -147,16 +149,15 @@ def test_inductor_sees_the_quantizers_and_computes_shared_ones_once():
 
     from torch._functorch.compile_utils import fx_graph_cse
 
-    for cache, weight_gemm in ((True, "mxfp8.cached_weight_gemm.default"), (False, "aten._grouped_mm.default")):
-        def block(a, w, w3):
-            h = torch.nn.functional.silu(gm.grouped_mm_op(a, b_of(w), offs, *["mxfp8"] * 3, "rceil", cache))
-            return h * gm.grouped_mm_op(a, b_of(w3), offs, *["mxfp8"] * 3, "rceil", cache)
+    def block(a, w, w3):
+        h = torch.nn.functional.silu(gm.grouped_mm_op(a, b_of(w), offs, *["mxfp8"] * 3, "rceil", cache))
+        return h * gm.grouped_mm_op(a, b_of(w3), offs, *["mxfp8"] * 3, "rceil", cache)
 
-        graph = fx_graph_cse(make_fx(block, decomposition_table=select_decomp_table())(a, w, w3).graph)
-        targets = [str(n.target) for n in graph.nodes if n.op == "call_function"]
-        assert targets.count("mxfp8.quantize_dequantize.default") == (1 if cache else 3)  # a once (w, w3)
-        assert targets.count(weight_gemm) == 2
-        assert not any("mxfp8.grouped_mm" in t for t in targets)
+    graph = fx_graph_cse(make_fx(block, decomposition_table=select_decomp_table())(a, w, w3).graph)
+    targets = [str(n.target) for n in graph.nodes if n.op == "call_function"]
+    assert targets.count("mxfp8.quantize_dequantize.default") == (1 if cache else 3)  # a once (w, w3)
+    assert targets.count(weight_gemm) == 2
+    assert not any("mxfp8.grouped_mm" in t for t in targets)
 
 
 def test_compile_fullgraph_matches_eager():
