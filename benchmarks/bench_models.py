@@ -1,15 +1,18 @@
-"""Whole-model training steps: transformers MoE models at real per-layer dimensions, bf16 against
-each recipe, one process per run.
+"""Whole-model training steps: transformers MoE models at real per-layer dimensions, and
+TorchTitan's own Qwen3-MoE and DeepSeek-V3 (`titan_*`), bf16 against each recipe, one process per
+run.
 
     python benchmarks/bench_models.py [--models qwen3_30b,mixtral_8x7b] [--variants bf16,mxfp8,fp8_rowwise,auto]
         [--depths 1,2] [--out benchmarks/results/models_h200.json]
     python benchmarks/bench_models.py --combine a.json b.json --out benchmarks/results/models_h200.json
 
 A variant is bf16 or a recipe, with "+all" for targets="all" (dense linears too) and "+nocache"
-for weight_cache=False; or "torchao", the anchor: torchao's FP8 rowwise MoE training (its
-grouped-GEMM weight wrapper on every expert module) under plain torch.compile, with "+all" also
-torchao's float8 rowwise linears on the dense layers the pass would take (`_torchao`). The
-device has no torchao: carry its wheel (docs/performance.md, "Whole models").
+for weight_cache=False; or "torchao", the anchor: torchao's FP8 rowwise MoE training under plain
+torch.compile, with "+all" also torchao's float8 rowwise linears. On the TorchTitan models it is
+TorchTitan's float8 converters, as its trainer applies them (`build_titan`); on transformers
+models, torchao's grouped-GEMM weight wrapper on every expert module and its float8 linears on
+the dense layers the pass would take (`_torchao`). The device has neither torchao nor torchtitan:
+carry their wheels (docs/performance.md, "Whole models").
 
 A step is what training does: --microbatches forward + loss + backward passes (gradient
 accumulation), then AdamW. The whole model is compiled (backend="mxfp8" with the recipe, or
@@ -61,6 +64,57 @@ MODELS = {
                                                 first_k_dense_replace=0, n_shared_experts=1, num_attention_heads=128,
                                                 num_key_value_heads=128), (2, 4096)),
 }
+
+
+# TorchTitan's own models (torchtitan.models.<module>, flavor; tiny flavor; batch, seq), built as
+# its trainer builds them from their MoE layers alone (DeepSeek-V3's leading dense layers left out)
+TITAN = {
+    "titan_qwen3_30b": ("qwen3", "30B-A3B", "debugmodel_moe", (4, 2048)),
+    "titan_dsv3_16b": ("deepseek_v3", "16B", "debugmodel", (4, 2048)),
+}
+
+
+def build_titan(name: str, layers: int, device: str, tiny: bool, torchao: str | None) -> tuple[torch.nn.Module,
+                                                                                                 tuple[int, int]]:
+    """A TorchTitan model of `layers` MoE layers with a 32k vocabulary and causal SDPA attention
+    (as the CPU tests build it; every variant the same). `torchao`: "experts" or "all" converts
+    it with TorchTitan's float8 converters, as its trainer does (the grouped-experts one also
+    pads each expert's token group to torchao's multiple of 16)."""
+    import dataclasses
+    import importlib
+
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+
+    module, flavor, tiny_flavor, (batch, seq) = TITAN[name]
+    converters = []
+    if torchao is not None:
+        from torchtitan.components.quantization.float8 import (
+            Float8GroupedExpertsConverter,
+            Float8LinearConverter,
+        )
+
+        if torchao == "all":  # TorchTitan's recipe settings: rowwise, output and routers bf16
+            converters.append(Float8LinearConverter.Config(
+                recipe_name="rowwise", filter_fqns=["output", "router.gate", "auto_filter_small_kn"],
+                model_compile_enabled=True))
+        converters.append(Float8GroupedExpertsConverter.Config(model_compile_enabled=True))
+    registry = importlib.import_module(f"torchtitan.models.{module}").model_registry
+    config = registry(tiny_flavor if tiny else flavor, converters=converters).model
+    sdpa = ScaledDotProductAttention.Config()
+    moe_layers = [layer for layer in config.layers if layer.moe is not None][:layers]
+    config.layers = [dataclasses.replace(layer, attention=dataclasses.replace(layer.attention, inner_attention=sdpa))
+                     for layer in moe_layers]
+    config.vocab_size = config.tok_embeddings.num_embeddings = config.lm_head.out_features = VOCAB
+    if hasattr(config, "mtp_layers"):
+        config.mtp_layers = []
+    if tiny:
+        batch, seq = 2, 64
+    with torch.device("meta"):
+        model = config.build()
+    model.to_empty(device=device)
+    with torch.no_grad():
+        model.init_weights()
+    return model.to(torch.bfloat16), (batch, seq)
 
 
 def build(name: str, layers: int, device: str, tiny: bool) -> tuple[torch.nn.Module, tuple[int, int]]:
@@ -116,12 +170,16 @@ def worker(args: argparse.Namespace) -> dict:
     import mxfp8_inductor  # noqa: F401  (registers backend="mxfp8")
 
     torch.manual_seed(0)
-    model, (batch, seq) = build(args.model, args.depth, args.device, args.tiny)
-    vocab = model.config.vocab_size
     recipe, *flags = args.variant.split("+")
-    if recipe in ("bf16", "torchao"):
-        if recipe == "torchao" and not _torchao(model, "all" in flags):
+    torchao = ("all" if "all" in flags else "experts") if recipe == "torchao" else None
+    titan = args.model in TITAN
+    if titan:
+        model, (batch, seq) = build_titan(args.model, args.depth, args.device, args.tiny, torchao)
+    else:
+        model, (batch, seq) = build(args.model, args.depth, args.device, args.tiny)
+        if torchao is not None and not _torchao(model, torchao == "all"):
             raise RuntimeError(f"torchao converted nothing in {args.model}")
+    if recipe in ("bf16", "torchao"):
         compiled = torch.compile(model)
     else:
         options = {"recipe": recipe, "targets": "all" if "all" in flags else "experts",
@@ -129,15 +187,19 @@ def worker(args: argparse.Namespace) -> dict:
         compiled = torch.compile(model, backend="mxfp8", options=options)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=args.device == "cuda")
     g = torch.Generator(device=args.device).manual_seed(0)
-    ids = [torch.randint(0, vocab, (batch, seq), device=args.device, generator=g) for _ in range(args.microbatches)]
+    ids = [torch.randint(0, VOCAB, (batch, seq), device=args.device, generator=g) for _ in range(args.microbatches)]
     params_gb = sum(p.numel() * p.element_size() for p in model.parameters()) / 1e9
 
     def step() -> float:
         sync()
         start = time.perf_counter()
         for x in ids:
-            loss = compiled(input_ids=x, labels=x).loss / len(ids)
-            loss.backward()
+            if titan:  # next-token loss, as transformers computes it from labels=x
+                logits = compiled(x)
+                loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), x[:, 1:].flatten())
+            else:
+                loss = compiled(input_ids=x, labels=x).loss
+            (loss / len(ids)).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         sync()
@@ -201,7 +263,8 @@ def write(args: argparse.Namespace, meta: dict, runs: list[dict], depths: list[i
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", default="qwen3_30b,mixtral_8x7b")
+    p.add_argument("--models", default="qwen3_30b,mixtral_8x7b",
+                   help=f"some of {', '.join([*MODELS, *TITAN])}")
     p.add_argument("--variants", default="bf16,mxfp8,fp8_rowwise")
     p.add_argument("--depths", default="1,2", help="two depths: the per-layer time is their difference")
     p.add_argument("--microbatches", type=int, default=4)
