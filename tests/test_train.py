@@ -78,6 +78,24 @@ def test_explain_block_rewritten():
     assert not report.graph_breaks
 
 
+def test_all_recipes_take_every_linear_of_a_block_but_the_router(monkeypatch):
+    """--recipe R+all compiles each block with targets="all" and no size floor, so the tiny
+    model's attention projections are rewritten too (the 1000-step +all runs rely on it)."""
+    calls = []
+    monkeypatch.setattr(train_moe.torch, "compile", lambda module, **kw: calls.append(kw) or module)
+    args = train_moe.parse_args([*TINY, "--recipe", "bf16,fp8_rowwise+all"])
+    model = train_moe.build_model(args)
+    train_moe.compile_blocks(model, "fp8_rowwise+all")
+    monkeypatch.undo()  # explain compiles
+    options = {"recipe": "fp8_rowwise", "targets": "all", "dense_min_dim": 0}
+    assert calls == [{"backend": "mxfp8", "options": options}] * args.layers
+    x_BLD = torch.randn(4, 32, 64, dtype=torch.bfloat16, requires_grad=True)
+    report = mx.explain(model.blocks[0], x_BLD, options=options)
+    actions = {(s.weight_fqn, s.action) for s in report.sites if s.role == "forward"}
+    assert {w for w, a in actions if a == "rewritten"} >= {"attn.qkv.weight", "attn.proj.weight"}, str(report)
+    assert ("moe.router.weight", "rewritten") not in actions, str(report)
+
+
 def test_batches_depend_on_seed_and_step_only():
     data_N = torch.arange(10_000, dtype=torch.int32).to(torch.uint8)
     a = train_moe.get_batch(data_N, 0, 7, 4, 32)
