@@ -13,6 +13,7 @@ version counter, as they do for autograd: call `clear_weight_cache()` after them
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -21,6 +22,10 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 _entries: dict[tuple, tuple[StorageWeakRef, int, int, tuple[torch.Tensor, ...]]] = {}
 _hook = None
+# the share of a GPU's memory past which the cache warns, once per process: it holds every
+# weight's operands until the next optimizer step, with FSDP2 at their unsharded size
+WARN_FRACTION = 0.25
+_warned = False
 
 
 def clear_weight_cache() -> None:
@@ -57,4 +62,22 @@ def quantized(w: torch.Tensor, kind: tuple, quantize: Callable[[torch.Tensor], t
         del _entries[stale]
     out = quantize(w)
     _entries[key] = (StorageWeakRef(storage), w.data_ptr(), w._version, out)
+    _warn_if_large(w.device)
     return out
+
+
+def _capacity(device: torch.device) -> int | None:
+    """Bytes of memory on `device`, None where unknown (CPU)."""
+    return torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+
+
+def _warn_if_large(device: torch.device) -> None:
+    global _warned
+    capacity = _capacity(device)
+    if _warned or capacity is None or (held := cached_bytes()) <= WARN_FRACTION * capacity:
+        return
+    _warned = True
+    warnings.warn(f"the mxfp8 weight cache holds {held / 2**30:.1f} GiB of quantized weights, over "
+                  f"{WARN_FRACTION:.0%} of {device}'s memory, until the next optimizer step; "
+                  "weight_cache=False frees it at the cost of quantizing each weight in every GEMM",
+                  stacklevel=2)

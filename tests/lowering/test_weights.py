@@ -1,6 +1,7 @@
 """The weight cache: quantized weight operands reused across microbatches, never served stale."""
 
 import gc
+import warnings
 
 import pytest
 import torch
@@ -167,3 +168,20 @@ def test_a_refill_that_keeps_the_version_is_caught_by_the_next_optimizer_step(qu
     assert len(quantizations) == 2 * fills
     for a, b in zip(got, _step(model, x, offs, cache=False)):
         assert_bitwise_equal(a, b)
+
+
+def test_a_cache_past_its_share_of_device_memory_warns_once(quantizations, recipe, monkeypatch):
+    model, (x, offs) = Experts(recipe), _inputs()
+    monkeypatch.setattr(weights, "_warned", False)
+    monkeypatch.setattr(weights, "_capacity", lambda device: 10**9)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _step(model, x, offs, cache=True)  # a few KiB: no warning
+    monkeypatch.setattr(weights, "_capacity", lambda device: weights.cached_bytes())
+    weights.clear_weight_cache()
+    with pytest.warns(UserWarning, match="weight_cache=False frees it"):
+        _step(model, x, offs, cache=True)
+    weights.clear_weight_cache()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _step(model, x, offs, cache=True)  # once per process
