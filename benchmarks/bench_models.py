@@ -74,8 +74,8 @@ TITAN = {
 }
 
 
-def build_titan(name: str, layers: int, device: str, tiny: bool, torchao: str | None) -> tuple[torch.nn.Module,
-                                                                                                 tuple[int, int]]:
+def build_titan(name: str, layers: int, device: str, tiny: bool,
+                torchao: str | None) -> tuple[torch.nn.Module, tuple[int, int]]:
     """A TorchTitan model of `layers` MoE layers with a 32k vocabulary and causal SDPA attention
     (as the CPU tests build it; every variant the same). `torchao`: "experts" or "all" converts
     it with TorchTitan's float8 converters, as its trainer does (the grouped-experts one also
@@ -229,12 +229,11 @@ RAISED = re.compile(r"[\w.]+(Error|Exception|Unsupported)\b")  # a traceback's e
 def summarize(runs: list[dict], depths: list[int]) -> list[dict]:
     """One row per model and variant: the deeper run's numbers and its per-layer and whole-step
     ratios to the bf16 runs of the same session (one invocation: variants side by side). Where
-    several sessions ran a variant, the latest (in `runs` order) gives its row."""
+    several sessions ran a variant, the last in `runs` gives its row."""
     lo, hi = min(depths), max(depths)
     sessions: dict[tuple, dict[tuple[str, int], dict]] = {}
-    for r in runs:  # dicts keep first-insertion order: move a session to the end on each run
-        key = (r.get("session"), r["model"])
-        sessions[key] = {**sessions.pop(key, {}), (r["variant"], r["depth"]): r}
+    for r in runs:
+        sessions.setdefault((r.get("session"), r["model"]), {})[(r["variant"], r["depth"])] = r
     rows = {}
     for (_, model), by in sessions.items():
         if ("bf16", lo) not in by or ("bf16", hi) not in by:
@@ -285,7 +284,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     depths = [int(d) for d in args.depths.split(",")]
     parts = [json.loads(f.read_text()) for f in args.combine or ()]
-    # runs of files made before sessions were recorded: one session per file
+    # runs that carry no session take their file's
     runs = [{"session": f.stem, **r} for f, part in zip(args.combine or (), parts) for r in part["runs"]]
     session = datetime.datetime.now().isoformat(timespec="seconds")
     meta = {"gpu": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "torch": torch.__version__,

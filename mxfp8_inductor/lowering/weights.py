@@ -73,8 +73,7 @@ def _capacity(device: torch.device) -> int | None:
 
 def _warn_if_large(device: torch.device) -> None:
     global _warned
-    capacity = _capacity(device)
-    if _warned or capacity is None or (held := cached_bytes()) <= WARN_FRACTION * capacity:
+    if _warned or (capacity := _capacity(device)) is None or (held := cached_bytes()) <= WARN_FRACTION * capacity:
         return
     _warned = True
     warnings.warn(f"the mxfp8 weight cache holds {held / 2**30:.1f} GiB of quantized weights, over "
