@@ -83,6 +83,12 @@ def build_titan(name: str, layers: int, device: str, tiny: bool,
     import dataclasses
     import importlib
 
+    import torch.distributed.fsdp
+
+    # TorchTitan 0.3.0 imports this FSDP name (torch >= 2.12) for its FSDP helpers, which a
+    # single-GPU run never calls: a placeholder lets its models import on older torch.
+    if not hasattr(torch.distributed.fsdp, "DataParallelMeshDims"):
+        torch.distributed.fsdp.DataParallelMeshDims = type("DataParallelMeshDims", (), {})
     from torchtitan.models.common.attention import ScaledDotProductAttention
 
     module, flavor, tiny_flavor, (batch, seq) = TITAN[name]
