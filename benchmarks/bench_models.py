@@ -296,7 +296,8 @@ def main(argv: list[str] | None = None) -> None:
     meta = {"gpu": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "torch": torch.__version__,
             "date": datetime.date.today().isoformat(), "microbatches": args.microbatches, "steps": args.steps}
     if args.combine:
-        meta = {k: v for k, v in parts[0].items() if k not in ("rows", "runs")}
+        meta = {**{k: v for k, v in parts[0].items() if k not in ("rows", "runs")},
+                "date": max(part["date"] for part in parts)}
     for model in [] if args.combine else args.models.split(","):
         for depth in depths:
             for variant in args.variants.split(","):

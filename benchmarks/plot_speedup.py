@@ -23,7 +23,7 @@ def bars(rows: list[dict], group: str, series: str, title: str, out: str, target
     """One bar per (group, series) of rows' "speedup", dashes at the targets."""
     groups = list(dict.fromkeys(r[group] for r in rows))
     names = list(dict.fromkeys(r[series] for r in rows))
-    fig, ax = plt.subplots(figsize=(max(7.0, 1.2 * len(groups) * len(names) / 2), 3.5))
+    fig, ax = plt.subplots(figsize=(min(14.0, max(7.0, 0.3 * len(groups) * len(names))), 4.0))
     width = 0.8 / len(names)
     for i, name in enumerate(names):
         speed = {r[group]: r["speedup"] for r in rows if r[series] == name}
@@ -36,7 +36,7 @@ def bars(rows: list[dict], group: str, series: str, title: str, out: str, target
     ax.set_xticks([g + width * (len(names) - 1) / 2 for g in range(len(groups))], groups)
     ax.set_ylabel("bf16 time / recipe time")
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8, ncol=2)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(RESULTS / out, dpi=120)
 
