@@ -31,7 +31,8 @@ def _sources() -> tuple[str, ...]:
 
 
 def _uuid(config_key: str) -> str:
-    return get_hash_for_files(_sources(), f"{config_key};fused={mx_lowering.FUSED}").hex()
+    flags = f"fused={mx_lowering.FUSED};slice={mx_lowering.UNCACHED_SLICE_BYTES}"  # settable at run time
+    return get_hash_for_files(_sources(), f"{config_key};{flags}").hex()
 
 
 class CacheKeyPass(CustomGraphPass):

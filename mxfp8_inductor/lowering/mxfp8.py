@@ -158,13 +158,34 @@ cached_weight_gemm_op = define(
 )
 
 
+# Without the cache the rounded weight lives only for its GEMM, made in slices of the GEMM's
+# output columns of at most this many bytes (or one aligned block of columns, where that is
+# more), so that a large expert weight does not add its own size to the step's peak
+# (docs/design.md, "Weight cache"). Rounding blocks run along the contraction, so a slice rounds
+# exactly as the whole weight does. Part of the compile caches' key (backend.py).
+UNCACHED_SLICE_BYTES = 256 * 2**20
+_SLICE_ALIGN = 128  # output columns per slice: keeps every GEMM operand's strides 16-byte aligned
+
+
+def _weight_slices(b_EKN: torch.Tensor, dgrad: bool) -> tuple[torch.Tensor, ...]:
+    """The weight in slices of the GEMM's output columns (K of b for the input gradient, N
+    forward), each rounded on its own without the cache."""
+    dim = -2 if dgrad else -1
+    cols = b_EKN.shape[dim]
+    column_bytes = b_EKN.numel() // max(cols, 1) * OUT_DTYPE.itemsize
+    per = max(UNCACHED_SLICE_BYTES // max(column_bytes, 1) // _SLICE_ALIGN * _SLICE_ALIGN, _SLICE_ALIGN)
+    return (b_EKN,) if per >= cols else b_EKN.split(per, dim)
+
+
 def _weight_gemm(x_MC, b_EKN, offs, rounding, cache, dgrad):
     """x [M, C] (C = K forward, N input gradient) times the weight, both rounded to MXFP8 values
     along C, into the bf16 GEMM (the emulated and reference paths)."""
     x_q = quantize_dequantize_op(x_MC, -1, rounding)
     if cache:
         return cached_weight_gemm_op(x_q, b_EKN, offs, rounding, dgrad)
-    return _grouped_or_dense(x_q, _weight_operand(b_EKN, rounding, dgrad, cache=False), offs)
+    outs = [_grouped_or_dense(x_q, _weight_operand(b, rounding, dgrad, cache=False), offs)
+            for b in _weight_slices(b_EKN, dgrad)]
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
 
 # --------------------------------------------------------------------------------------------

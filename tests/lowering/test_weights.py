@@ -1,6 +1,7 @@
 """The weight cache: quantized weight operands reused across microbatches, never served stale."""
 
 import gc
+import math
 import warnings
 
 import pytest
@@ -8,7 +9,7 @@ import torch
 from helpers import assert_bitwise_equal, make_offs
 
 import mxfp8_inductor as mx
-from mxfp8_inductor.kernels import rowwise
+from mxfp8_inductor.kernels import reference, rowwise
 from mxfp8_inductor.lowering import mxfp8, weights
 
 SIZES = [40, 0, 64, 17]
@@ -185,3 +186,34 @@ def test_a_cache_past_its_share_of_device_memory_warns_once(quantizations, recip
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _step(model, x, offs, cache=True)  # once per process
+
+
+def test_without_the_cache_the_emulation_rounds_the_weight_slice_by_slice(monkeypatch):
+    """weight_cache=False: the rounded weight exists one slice of the GEMM's output columns at a
+    time, none over UNCACHED_SLICE_BYTES, with the same results as one whole rounding, eager and
+    under Inductor (whose graph calls the rounding at run time, so it is counted there)."""
+    E, N, K = 4, 384, 384
+    model = Experts("mxfp8", E, N, K)
+    g = torch.Generator().manual_seed(2)
+    x, offs = torch.randn(sum(SIZES), K, generator=g).bfloat16(), make_offs(SIZES)
+    rounded = []  # shapes of the weights (3-D; the tokens are 2-D) rounded on the CPU path
+    quantize_dequantize = reference.quantize_dequantize
+
+    def counted(x, *args):
+        if x.dim() == 3:
+            rounded.append(tuple(x.shape))
+        return quantize_dequantize(x, *args)
+
+    monkeypatch.setattr(reference, "quantize_dequantize", counted)
+    want = _step(model, x, offs, cache=False)
+    assert sorted(rounded) == [(E, K, N)] * 2  # small enough for one slice per orientation
+    budget = 2 * E * K * N // 3
+    monkeypatch.setattr(mxfp8, "UNCACHED_SLICE_BYTES", budget)
+    for step in (model, torch.compile(model, fullgraph=True)):
+        del rounded[:]
+        got = _step(step, x, offs, cache=False)
+        # forward: N in 3 slices of 128 columns; input gradient: K in 3
+        assert sorted(rounded) == [(E, 128, N)] * 3 + [(E, K, 128)] * 3
+        assert all(2 * math.prod(shape) <= budget for shape in rounded)
+        for a, b in zip(got, want):
+            assert_bitwise_equal(a, b)
