@@ -235,21 +235,37 @@ def wgrad(grad_MN, a_MK, offs, rounding, cache, decomposing):
 
 
 # --------------------------------------------------------------------------------------------
-# Dense linears, out[M, N] = x[M, K] @ w[N, K]^T: emulated on every device (the native MXFP8
-# dense GEMM is not wired up); the weight as a one-expert [1, K, N] view
+# Dense linears, out[M, N] = x[M, K] @ w[N, K]^T, the weight as a one-expert [1, K, N] view. On
+# the native path each GEMM is the grouped one with a single group of all M rows: the same
+# operands, scale layouts and meta-checked arguments as the experts'. Elsewhere the emulation,
+# into torch's dense GEMM.
+
+
+def _one_group(x_MK: torch.Tensor) -> torch.Tensor:
+    return torch.full((1,), x_MK.shape[0], dtype=torch.int32, device=x_MK.device)
 
 
 def dense_forward(x_MK, w_NK, rounding, cache, decomposing):
-    return _weight_gemm(x_MK, w_NK.t()[None], None, rounding, cache, dgrad=False)
+    b_EKN = w_NK.t()[None]
+    if gemm_path(x_MK.device, *b_EKN.shape[-2:]) == "native":
+        return forward(x_MK, b_EKN, _one_group(x_MK), rounding, cache, decomposing)
+    return _weight_gemm(x_MK, b_EKN, None, rounding, cache, dgrad=False)
 
 
 def dense_dgrad(grad_MN, w_NK, rounding, cache, decomposing):
-    return _weight_gemm(grad_MN, w_NK.t()[None], None, rounding, cache, dgrad=True)
+    b_EKN = w_NK.t()[None]
+    K, N = b_EKN.shape[-2:]
+    if gemm_path(grad_MN.device, N, K) == "native":
+        return dgrad(grad_MN, b_EKN, _one_group(grad_MN), rounding, cache, decomposing)
+    return _weight_gemm(grad_MN, b_EKN, None, rounding, cache, dgrad=True)
 
 
 def dense_wgrad(grad_MN, x_MK, rounding, cache, decomposing):
     # blocks along the tokens: one group of all M rows, whose last block may be short
-    ends = torch.full((1,), x_MK.shape[0], dtype=torch.int32, device=x_MK.device)
+    ends = _one_group(x_MK)
+    if gemm_path(x_MK.device, x_MK.shape[1], grad_MN.shape[1]) == "native":
+        dw_EKN = wgrad(grad_MN, x_MK, ends, rounding, cache, decomposing)
+        return dw_EKN if dw_EKN is NotImplemented else dw_EKN[0].t()
     g_q = quantize_dequantize_groups_op(grad_MN, ends, rounding)
     x_q = quantize_dequantize_groups_op(x_MK, ends, rounding)
     return torch.mm(g_q.t(), x_q)

@@ -34,6 +34,35 @@ def test_linear_op_sqnr_vs_bf16(recipe):
     assert not torch.equal(ref[0], out)
 
 
+def test_native_linear_runs_one_group_grouped_gemms_that_pass_torch_meta_checks(monkeypatch):
+    """On compute capability 10.x each GEMM of a dense linear is the experts' native MXFP8 GEMM
+    with one group of every token row; its arguments pass torch's meta function (CPU stands in
+    for the device: the reference kernels build them, fake CUDA tensors check them)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from mxfp8_inductor.lowering import mxfp8 as mx_lowering
+
+    seen = []
+
+    def checked(args):
+        with FakeTensorMode():
+            fake = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cuda") for t in args]
+            out = torch._scaled_grouped_mm(*fake[:4], offs=fake[4], out_dtype=torch.bfloat16)
+        seen.append((tuple(out.shape), int(args[4][-1])))
+        return torch.zeros(out.shape, dtype=out.dtype)
+
+    monkeypatch.setattr(mx_lowering, "gemm_path", lambda device, K, N: "native")
+    monkeypatch.setattr(mx_lowering, "_scaled_grouped_mm", checked)
+    M, K, N = 2 * 37, 256, 384
+    x = torch.randn(2, 37, K, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(N, K, dtype=torch.bfloat16, requires_grad=True)
+    out = mx.linear(x, w, recipe="mxfp8", weight_cache=False)
+    out.backward(torch.ones_like(out))
+    # forward [M, N], input gradient [M, K], weight gradient [1, K, N] over M rows padded to 32
+    assert seen == [((M, N), M), ((M, K), M), ((1, K, N), 96)]
+    assert out.shape == (2, 37, N) and x.grad.shape == x.shape and w.grad.shape == w.shape
+
+
 def test_linear_op_rejects_bad_input():
     with pytest.raises(ValueError, match="multiples of 32"):
         mx.linear(torch.randn(8, 48).bfloat16(), torch.randn(64, 48).bfloat16())
