@@ -263,9 +263,11 @@ def dense_dgrad(grad_MN, w_NK, rounding, cache, decomposing):
 def dense_wgrad(grad_MN, x_MK, rounding, cache, decomposing):
     # blocks along the tokens: one group of all M rows, whose last block may be short
     ends = _one_group(x_MK)
-    if gemm_path(x_MK.device, x_MK.shape[1], grad_MN.shape[1]) == "native":
-        dw_EKN = wgrad(grad_MN, x_MK, ends, rounding, cache, decomposing)
-        return dw_EKN if dw_EKN is NotImplemented else dw_EKN[0].t()
+    if gemm_path(x_MK.device, grad_MN.shape[1], x_MK.shape[1]) == "native":
+        # the weight gradient is symmetric in its operands: x as the "gradient" gives [1, N, K],
+        # the weight's own layout, contiguous as the op's fake promises
+        dw_1NK = wgrad(x_MK, grad_MN, ends, rounding, cache, decomposing)
+        return dw_1NK if dw_1NK is NotImplemented else dw_1NK[0]
     g_q = quantize_dequantize_groups_op(grad_MN, ends, rounding)
     x_q = quantize_dequantize_groups_op(x_MK, ends, rounding)
     return torch.mm(g_q.t(), x_q)

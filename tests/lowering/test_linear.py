@@ -41,6 +41,7 @@ def test_native_linear_runs_one_group_grouped_gemms_that_pass_torch_meta_checks(
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from mxfp8_inductor.lowering import mxfp8 as mx_lowering
+    from mxfp8_inductor.lowering import ops as gm
 
     seen = []
 
@@ -58,9 +59,16 @@ def test_native_linear_runs_one_group_grouped_gemms_that_pass_torch_meta_checks(
     w = torch.randn(N, K, dtype=torch.bfloat16, requires_grad=True)
     out = mx.linear(x, w, recipe="mxfp8", weight_cache=False)
     out.backward(torch.ones_like(out))
-    # forward [M, N], input gradient [M, K], weight gradient [1, K, N] over M rows padded to 32
-    assert seen == [((M, N), M), ((M, K), M), ((1, K, N), 96)]
+    # forward [M, N], input gradient [M, K], weight gradient [1, N, K] over M rows padded to 32
+    assert seen == [((M, N), M), ((M, K), M), ((1, N, K), 96)]
     assert out.shape == (2, 37, N) and x.grad.shape == x.shape and w.grad.shape == w.shape
+    # outputs laid out as the ops' fakes promise (compiled graphs assert their strides)
+    g = torch.randn(M, N, dtype=torch.bfloat16)
+    x_MK, w = x.detach().reshape(M, K), w.detach()
+    for op, args in ((gm.linear_op, (x_MK, w, *["mxfp8"] * 3, "rceil", False)),
+                     (gm.linear_dgrad_op, (g, w, "mxfp8", "rceil", False)),
+                     (gm.linear_wgrad_op, (g, x_MK, "mxfp8", "rceil"))):
+        torch.library.opcheck(op, args, test_utils="test_faketensor")
 
 
 def test_linear_op_rejects_bad_input():
