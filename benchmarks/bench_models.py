@@ -11,8 +11,8 @@ for weight_cache=False; or "torchao", the anchor: torchao's FP8 rowwise MoE trai
 torch.compile, with "+all" also torchao's float8 rowwise linears. On the TorchTitan models it is
 TorchTitan's float8 converters, as its trainer applies them (`build_titan`); on transformers
 models, torchao's grouped-GEMM weight wrapper on every expert module and its float8 linears on
-the dense layers the pass would take (`_torchao`). The device has neither torchao nor torchtitan:
-carry their wheels (docs/performance.md, "Whole models").
+the dense layers the pass would take (`_torchao`). Neither torchao nor torchtitan is a
+dependency of the package: docs/performance.md ("Whole models") lists what these variants need.
 
 A step is what training does: --microbatches forward + loss + backward passes (gradient
 accumulation), then AdamW. The whole model is compiled (backend="mxfp8" with the recipe, or
