@@ -31,7 +31,7 @@ def _sources() -> tuple[str, ...]:
 
 
 def _uuid(config_key: str) -> str:
-    flags = f"fused={mx_lowering.FUSED};slice={mx_lowering.UNCACHED_SLICE_BYTES}"  # settable at run time
+    flags = f"fused={mx_lowering.FUSED};slice={mx_lowering.WEIGHT_SLICE_BYTES}"  # settable at run time
     return get_hash_for_files(_sources(), f"{config_key};{flags}").hex()
 
 

@@ -197,7 +197,7 @@ def test_typed_config_and_inductor_patches_reach_every_entry_point():
 
 
 def test_cache_key_follows_the_settings_the_decomposition_reads(monkeypatch):
-    """Compiled graphs decompose the mxfp8 ops by lowering.mxfp8.FUSED and UNCACHED_SLICE_BYTES:
+    """Compiled graphs decompose the mxfp8 ops by lowering.mxfp8.FUSED and WEIGHT_SLICE_BYTES:
     the FX-graph and AOTAutograd caches must not serve a graph made under other settings."""
     from mxfp8_inductor import backend
     from mxfp8_inductor.lowering import mxfp8 as mx_lowering
@@ -206,5 +206,5 @@ def test_cache_key_follows_the_settings_the_decomposition_reads(monkeypatch):
     separate = backend._uuid("options")
     monkeypatch.setattr(mx_lowering, "FUSED", True)
     fused = backend._uuid("options")
-    monkeypatch.setattr(mx_lowering, "UNCACHED_SLICE_BYTES", 2**20)
+    monkeypatch.setattr(mx_lowering, "WEIGHT_SLICE_BYTES", 2**20)
     assert len({separate, fused, backend._uuid("options")}) == 3

@@ -92,13 +92,13 @@ def forward(self, L_self_modules_layers_modules_0_modules_norm_parameters_weight
     getitem_2 = x_TD[floordiv];  x_TD = floordiv = None
     offs_E = torch.cumsum(counts_E, dim = 0, dtype = torch.int32);  counts_E = None
     transpose = l_self_modules_layers_modules_0_modules_moe_modules_experts_parameters_w1_efd_.transpose(-2, -1);  l_self_modules_layers_modules_0_modules_moe_modules_experts_parameters_w1_efd_ = None
-    grouped_mm_default = torch.ops.mxfp8.grouped_mm.default(getitem_2, transpose, offs_E, 'mxfp8', 'mxfp8', 'mxfp8', 'rceil', True);  transpose = None
+    grouped_mm_default = torch.ops.mxfp8.grouped_mm.default(getitem_2, transpose, offs_E, 'mxfp8', 'mxfp8', 'mxfp8', 'rceil', None);  transpose = None
     h_RF = torch.nn.functional.silu(grouped_mm_default);  grouped_mm_default = None
     transpose_1 = l_self_modules_layers_modules_0_modules_moe_modules_experts_parameters_w3_efd_.transpose(-2, -1);  l_self_modules_layers_modules_0_modules_moe_modules_experts_parameters_w3_efd_ = None
-    grouped_mm_default_1 = torch.ops.mxfp8.grouped_mm.default(getitem_2, transpose_1, offs_E, 'mxfp8', 'mxfp8', 'mxfp8', 'rceil', True);  getitem_2 = transpose_1 = None
+    grouped_mm_default_1 = torch.ops.mxfp8.grouped_mm.default(getitem_2, transpose_1, offs_E, 'mxfp8', 'mxfp8', 'mxfp8', 'rceil', None);  getitem_2 = transpose_1 = None
     h_RF_1 = h_RF * grouped_mm_default_1;  h_RF = grouped_mm_default_1 = None
     transpose_2 = l_self_modules_layers_modules_0_modules_moe_modules_experts_parameters_w2_edf_.transpose(-2, -1);  l_self_modules_layers_modules_0_modules_moe_modules_experts_parameters_w2_edf_ = None
-    grouped_mm_default_2 = torch.ops.mxfp8.grouped_mm.default(h_RF_1, transpose_2, offs_E, 'mxfp8', 'mxfp8', 'mxfp8', 'rceil', True);  h_RF_1 = transpose_2 = offs_E = None
+    grouped_mm_default_2 = torch.ops.mxfp8.grouped_mm.default(h_RF_1, transpose_2, offs_E, 'mxfp8', 'mxfp8', 'mxfp8', 'rceil', None);  h_RF_1 = transpose_2 = offs_E = None
     empty_like = torch.empty_like(grouped_mm_default_2)
     out_RD = empty_like.index_copy(0, order_R, grouped_mm_default_2);  empty_like = order_R = grouped_mm_default_2 = None
     view_3 = out_RD.view(-1, 2, 64);  out_RD = None
@@ -117,7 +117,7 @@ def forward(self, L_self_modules_layers_modules_0_modules_norm_parameters_weight
                             options={"recipe": "fp8_rowwise", "exclude": ["layers.1.moe"]})
         code = "".join(report.graphs)
         self.assertEqual(code.count("mxfp8.grouped_mm.default("), 3)
-        self.assertEqual(code.count("'fp8_rowwise', 'fp8_rowwise', 'fp8_rowwise', 'rceil', True)"), 3)
+        self.assertEqual(code.count("'fp8_rowwise', 'fp8_rowwise', 'fp8_rowwise', 'rceil', None)"), 3)
         self.assertEqual({a for w, r, a in _actions(report) if w.startswith("layers.1.")}, {"excluded"})
 
     def test_exclude_and_wgrad_options(self):
@@ -241,7 +241,7 @@ def test_class_decorator_marks_every_instance_with_its_options():
     model = MarkedMoE(layers=2).bfloat16()
     report = mx.explain(model, torch.randn(1, 8, 64, dtype=torch.bfloat16))
     code = "".join(report.graphs)
-    assert code.count("'fp8_rowwise', 'fp8_rowwise', 'bf16', 'rceil', True)") == 3 and "'mxfp8'" not in code
+    assert code.count("'fp8_rowwise', 'fp8_rowwise', 'bf16', 'rceil', None)") == 3 and "'mxfp8'" not in code
     by_layer = {(s.weight_fqn.split(".")[1], s.role): s.action for s in report.sites}
     assert by_layer[("0", "forward")] == "rewritten" and by_layer[("0", "weight-grad")] == "kept bf16"
     assert by_layer[("1", "forward")] == "excluded"

@@ -12,31 +12,31 @@ def _bf16(*tensors: torch.Tensor) -> list[torch.Tensor]:
     return [t.to(OUT_DTYPE) for t in tensors]
 
 
-def forward(a_MK, b_EKN, offs, rounding, cache, decomposing):
+def forward(a_MK, b_EKN, offs, rounding, param, decomposing):
     a_MK, b_EKN = _bf16(a_MK, b_EKN)
     return torch._grouped_mm(a_MK, b_EKN, offs)
 
 
-def dgrad(grad_MN, b_EKN, offs, rounding, cache, decomposing):
+def dgrad(grad_MN, b_EKN, offs, rounding, param, decomposing):
     grad_MN, b_EKN = _bf16(grad_MN, b_EKN)
     return torch._grouped_mm(grad_MN, b_EKN.transpose(-2, -1), offs)
 
 
-def wgrad(grad_MN, a_MK, offs, rounding, cache, decomposing):
+def wgrad(grad_MN, a_MK, offs, rounding, decomposing):
     grad_MN, a_MK = _bf16(grad_MN, a_MK)
     return torch._grouped_mm(a_MK.t(), grad_MN, offs)
 
 
-def dense_forward(x_MK, w_NK, rounding, cache, decomposing):
+def dense_forward(x_MK, w_NK, rounding, param, decomposing):
     x_MK, w_NK = _bf16(x_MK, w_NK)
     return torch.mm(x_MK, w_NK.t())
 
 
-def dense_dgrad(grad_MN, w_NK, rounding, cache, decomposing):
+def dense_dgrad(grad_MN, w_NK, rounding, param, decomposing):
     grad_MN, w_NK = _bf16(grad_MN, w_NK)
     return torch.mm(grad_MN, w_NK)
 
 
-def dense_wgrad(grad_MN, x_MK, rounding, cache, decomposing):
+def dense_wgrad(grad_MN, x_MK, rounding, decomposing):
     grad_MN, x_MK = _bf16(grad_MN, x_MK)
     return torch.mm(grad_MN.t(), x_MK)

@@ -48,18 +48,18 @@ def gemm_path(device: torch.device, K: int, N: int) -> str:
 # against torch's meta checks with the reference kernels)
 
 
-def native_forward_args(kern, a_MK, b_EKN, offs, rounding, cache=False):
+def native_forward_args(kern, a_MK, b_EKN, offs, rounding, param=None):
     a_fp8, a_scales = kern.quantize_rows_blocked(a_MK, offs, rounding)
     w_fp8_ENK, w_scales = weights.quantized(
-        b_EKN, ("mxfp8", rounding, "forward"), lambda b: kern.quantize_weight_blocked(b.transpose(-2, -1), rounding),
-        cache)
+        b_EKN, param, ("mxfp8", rounding, "forward"),
+        lambda b: kern.quantize_weight_blocked(b.transpose(-2, -1), rounding))
     return a_fp8, w_fp8_ENK.transpose(-2, -1), a_scales, w_scales, offs
 
 
-def native_dgrad_args(kern, grad_MN, b_EKN, offs, rounding, cache=False):
+def native_dgrad_args(kern, grad_MN, b_EKN, offs, rounding, param=None):
     g_fp8, g_scales = kern.quantize_rows_blocked(grad_MN, offs, rounding)
-    w_fp8_EKN, w_scales = weights.quantized(b_EKN, ("mxfp8", rounding, "dgrad"),
-                                            lambda b: kern.quantize_weight_blocked(b, rounding), cache)
+    w_fp8_EKN, w_scales = weights.quantized(b_EKN, param, ("mxfp8", rounding, "dgrad"),
+                                            lambda b: kern.quantize_weight_blocked(b, rounding))
     return g_fp8, w_fp8_EKN.transpose(-2, -1), g_scales, w_scales, offs
 
 
@@ -120,71 +120,39 @@ fused_grouped_mm_wgrad_op = define(
 
 
 # --------------------------------------------------------------------------------------------
-# The emulated weight GEMMs, with the weight cache (lowering/weights.py)
+# The emulated weight GEMMs. They reuse no weight quantization: what they would keep is a bf16
+# copy of each rounded weight per orientation, twice the weights' own size for the whole model
+# (docs/design.md, "Weight cache").
 
-
-def _dequantized_weight(b_EKN, dim, rounding):
-    """The weight rounded to MXFP8 values along `dim` (1: K, the forward's; 2: N, the input
-    gradient's), as bf16 in b's layout."""
-    return quantize_dequantize_op(b_EKN, dim, rounding)
-
-
-def _weight_operand(b_EKN, rounding, dgrad, cache):
-    """The weight's rounded operand: [E, K, N] for the forward, [E, N, K] for the input
-    gradient; one bf16 copy per orientation while the cache holds it."""
-    dim = 2 if dgrad else 1
-    (w_q_EKN,) = weights.quantized(b_EKN, ("mxfp8", rounding, "dequantized", dim),
-                                   lambda b: (_dequantized_weight(b, dim, rounding),), cache)
-    return w_q_EKN.transpose(-2, -1) if dgrad else w_q_EKN
-
-
-def _grouped_or_dense(x_q, w_q, offs):
-    """The bf16 grouped GEMM, or with offs None the dense one of a one-expert weight operand."""
-    return torch.mm(x_q, w_q[0]) if offs is None else torch._grouped_mm(x_q, w_q, offs)
-
-
-def _cached_weight_gemm(x_q, b_EKN, offs, rounding, dgrad):
-    return _grouped_or_dense(x_q, _weight_operand(b_EKN, rounding, dgrad, cache=True), offs)
-
-
-def _cached_weight_gemm_fake(x_q, b_EKN, offs, rounding, dgrad):
-    return x_q.new_empty(x_q.shape[0], b_EKN.shape[-2 if dgrad else -1], dtype=OUT_DTYPE)
-
-
-# an opaque op, so that the cached operand never becomes a buffer Inductor could reuse
-cached_weight_gemm_op = define(
-    "cached_weight_gemm", "(Tensor x_q, Tensor b, Tensor? offs, str rounding, bool dgrad) -> Tensor",
-    _cached_weight_gemm, _cached_weight_gemm_fake,
-)
-
-
-# Without the cache the rounded weight lives only for its GEMM, made in slices of the GEMM's
-# output columns of at most this many bytes (or one aligned block of columns, where that is
-# more), so that a large expert weight does not add its own size to the step's peak
-# (docs/design.md, "Weight cache"). Rounding blocks run along the contraction, so a slice rounds
-# exactly as the whole weight does. Part of the compile caches' key (backend.py).
-UNCACHED_SLICE_BYTES = 256 * 2**20
+# The rounded weight lives only for its GEMM, made in slices of the GEMM's output columns of at
+# most this many bytes (or one aligned block of columns, where that is more), so that a large
+# expert weight does not add its own size to the step's peak. Rounding blocks run along the
+# contraction, so a slice rounds exactly as the whole weight does. Part of the compile caches'
+# key (backend.py).
+WEIGHT_SLICE_BYTES = 256 * 2**20
 _SLICE_ALIGN = 128  # output columns per slice: keeps every GEMM operand's strides 16-byte aligned
 
 
 def _weight_slices(b_EKN: torch.Tensor, dgrad: bool) -> tuple[torch.Tensor, ...]:
     """The weight in slices of the GEMM's output columns (K of b for the input gradient, N
-    forward), each rounded on its own without the cache."""
+    forward), each rounded on its own."""
     dim = -2 if dgrad else -1
     cols = b_EKN.shape[dim]
     column_bytes = b_EKN.numel() // max(cols, 1) * OUT_DTYPE.itemsize
-    per = max(UNCACHED_SLICE_BYTES // max(column_bytes, 1) // _SLICE_ALIGN * _SLICE_ALIGN, _SLICE_ALIGN)
+    per = max(WEIGHT_SLICE_BYTES // max(column_bytes, 1) // _SLICE_ALIGN * _SLICE_ALIGN, _SLICE_ALIGN)
     return (b_EKN,) if per >= cols else b_EKN.split(per, dim)
 
 
-def _weight_gemm(x_MC, b_EKN, offs, rounding, cache, dgrad):
+def _weight_gemm(x_MC, b_EKN, offs, rounding, dgrad):
     """x [M, C] (C = K forward, N input gradient) times the weight, both rounded to MXFP8 values
-    along C, into the bf16 GEMM (the emulated and reference paths)."""
+    along C, into the bf16 GEMM (grouped, or dense with offs None and a one-expert weight)."""
     x_q = quantize_dequantize_op(x_MC, -1, rounding)
-    if cache:
-        return cached_weight_gemm_op(x_q, b_EKN, offs, rounding, dgrad)
-    outs = [_grouped_or_dense(x_q, _weight_operand(b, rounding, dgrad, cache=False), offs)
-            for b in _weight_slices(b_EKN, dgrad)]
+    outs = []
+    for b in _weight_slices(b_EKN, dgrad):
+        # blocks along the contraction: K of b forward (dim 1), N of b for the input gradient (dim 2)
+        w_q_EKN = quantize_dequantize_op(b, 2 if dgrad else 1, rounding)
+        w_q = w_q_EKN.transpose(-2, -1) if dgrad else w_q_EKN
+        outs.append(torch.mm(x_q, w_q[0]) if offs is None else torch._grouped_mm(x_q, w_q, offs))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
 
@@ -192,32 +160,32 @@ def _weight_gemm(x_MC, b_EKN, offs, rounding, cache, dgrad):
 # The three GEMMs (see lowering/ops.py for the common interface)
 
 
-def forward(a_MK, b_EKN, offs, rounding, cache, decomposing):
+def forward(a_MK, b_EKN, offs, rounding, param, decomposing):
     K, N = b_EKN.shape[-2:]
     path = gemm_path(a_MK.device, K, N)
     if path == "native":
         if decomposing:  # keep the op: its native path is not decomposed
             return NotImplemented
-        return _scaled_grouped_mm(native_forward_args(implementation(a_MK.device), a_MK, b_EKN, offs, rounding, cache))
+        return _scaled_grouped_mm(native_forward_args(implementation(a_MK.device), a_MK, b_EKN, offs, rounding, param))
     if path == "fused":
         return fused_grouped_mm_op(a_MK, b_EKN, offs, rounding)
-    return _weight_gemm(a_MK, b_EKN, offs, rounding, cache, dgrad=False)
+    return _weight_gemm(a_MK, b_EKN, offs, rounding, dgrad=False)
 
 
-def dgrad(grad_MN, b_EKN, offs, rounding, cache, decomposing):
+def dgrad(grad_MN, b_EKN, offs, rounding, param, decomposing):
     K, N = b_EKN.shape[-2:]
     path = gemm_path(grad_MN.device, N, K)
     if path == "native":
         if decomposing:
             return NotImplemented
-        args = native_dgrad_args(implementation(grad_MN.device), grad_MN, b_EKN, offs, rounding, cache)
+        args = native_dgrad_args(implementation(grad_MN.device), grad_MN, b_EKN, offs, rounding, param)
         return _scaled_grouped_mm(args)
     if path == "fused":
         return fused_grouped_mm_op(grad_MN, b_EKN.transpose(-2, -1), offs, rounding)
-    return _weight_gemm(grad_MN, b_EKN, offs, rounding, cache, dgrad=True)
+    return _weight_gemm(grad_MN, b_EKN, offs, rounding, dgrad=True)
 
 
-def wgrad(grad_MN, a_MK, offs, rounding, cache, decomposing):
+def wgrad(grad_MN, a_MK, offs, rounding, decomposing):
     K, N = a_MK.shape[1], grad_MN.shape[1]
     path = gemm_path(a_MK.device, K, N)
     if path == "native":
@@ -245,28 +213,28 @@ def _one_group(x_MK: torch.Tensor) -> torch.Tensor:
     return torch.full((1,), x_MK.shape[0], dtype=torch.int32, device=x_MK.device)
 
 
-def dense_forward(x_MK, w_NK, rounding, cache, decomposing):
+def dense_forward(x_MK, w_NK, rounding, param, decomposing):
     b_EKN = w_NK.t()[None]
     if gemm_path(x_MK.device, *b_EKN.shape[-2:]) == "native":
-        return forward(x_MK, b_EKN, _one_group(x_MK), rounding, cache, decomposing)
-    return _weight_gemm(x_MK, b_EKN, None, rounding, cache, dgrad=False)
+        return forward(x_MK, b_EKN, _one_group(x_MK), rounding, param, decomposing)
+    return _weight_gemm(x_MK, b_EKN, None, rounding, dgrad=False)
 
 
-def dense_dgrad(grad_MN, w_NK, rounding, cache, decomposing):
+def dense_dgrad(grad_MN, w_NK, rounding, param, decomposing):
     b_EKN = w_NK.t()[None]
     K, N = b_EKN.shape[-2:]
     if gemm_path(grad_MN.device, N, K) == "native":
-        return dgrad(grad_MN, b_EKN, _one_group(grad_MN), rounding, cache, decomposing)
-    return _weight_gemm(grad_MN, b_EKN, None, rounding, cache, dgrad=True)
+        return dgrad(grad_MN, b_EKN, _one_group(grad_MN), rounding, param, decomposing)
+    return _weight_gemm(grad_MN, b_EKN, None, rounding, dgrad=True)
 
 
-def dense_wgrad(grad_MN, x_MK, rounding, cache, decomposing):
+def dense_wgrad(grad_MN, x_MK, rounding, decomposing):
     # blocks along the tokens: one group of all M rows, whose last block may be short
     ends = _one_group(x_MK)
     if gemm_path(x_MK.device, grad_MN.shape[1], x_MK.shape[1]) == "native":
         # the weight gradient is symmetric in its operands: x as the "gradient" gives [1, N, K],
         # the weight's own layout, contiguous as the op's fake promises
-        dw_1NK = wgrad(x_MK, grad_MN, ends, rounding, cache, decomposing)
+        dw_1NK = wgrad(x_MK, grad_MN, ends, rounding, decomposing)
         return dw_1NK if dw_1NK is NotImplemented else dw_1NK[0]
     g_q = quantize_dequantize_groups_op(grad_MN, ends, rounding)
     x_q = quantize_dequantize_groups_op(x_MK, ends, rounding)

@@ -7,11 +7,12 @@ contraction (docs/design.md, "Numerics contract"):
   forward      a along K,        b along K
   input grad   dY along N,       b along N
   weight grad  dY and a along M, per token group
-A recipe is a module with `forward(a_MK, b_EKN, offs, rounding, cache, decomposing)`,
-`dgrad(grad_MN, b_EKN, offs, rounding, cache, decomposing)` and
-`wgrad(grad_MN, a_MK, offs, rounding, cache, decomposing)`, each returning the GEMM's result
+A recipe is a module with `forward(a_MK, b_EKN, offs, rounding, param, decomposing)`,
+`dgrad(grad_MN, b_EKN, offs, rounding, param, decomposing)` and
+`wgrad(grad_MN, a_MK, offs, rounding, decomposing)`, each returning the GEMM's result
 (bf16), or NotImplemented when `decomposing` and the path must stay an opaque op under Inductor;
-`cache` lets it reuse the weight's quantization (lowering/weights.py). The same three for dense
+`param` is the parameter the weight operand views, under whose version counter its
+quantization may be reused (lowering/weights.py; None: never). The same three for dense
 linears, `dense_forward(x_MK, w_NK, ...)`, `dense_dgrad(grad_MN, w_NK, ...)` and
 `dense_wgrad(grad_MN, x_MK, ...)`, serve `mxfp8::linear`.
 """
@@ -34,40 +35,40 @@ def _result(out, like: torch.Tensor):
     return out if out is NotImplemented else out.to(like.dtype)
 
 
-def _forward(a, b, offs, forward, dgrad, wgrad, rounding, cache, *, decomposing=False):
-    return _result(RECIPES[forward].forward(a, b, offs, rounding, cache, decomposing), a)
+def _forward(a, b, offs, forward, dgrad, wgrad, rounding, param, *, decomposing=False):
+    return _result(RECIPES[forward].forward(a, b, offs, rounding, param, decomposing), a)
 
 
-def _dgrad(grad, b, offs, recipe, rounding, cache, *, decomposing=False):
-    return _result(RECIPES[recipe].dgrad(grad, b, offs, rounding, cache, decomposing), grad)
+def _dgrad(grad, b, offs, recipe, rounding, param, *, decomposing=False):
+    return _result(RECIPES[recipe].dgrad(grad, b, offs, rounding, param, decomposing), grad)
 
 
 def _wgrad(grad, a, offs, recipe, rounding, *, decomposing=False):
-    return _result(RECIPES[recipe].wgrad(grad, a, offs, rounding, False, decomposing), grad)
+    return _result(RECIPES[recipe].wgrad(grad, a, offs, rounding, decomposing), grad)
 
 
 @torch.library.custom_op(f"{LIB}::grouped_mm", mutates_args=())
 def grouped_mm_op(
     a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, forward: str, dgrad: str, wgrad: str, rounding: str,
-    cache: bool,
+    param: torch.Tensor | None,
 ) -> torch.Tensor:
-    return _forward(a, b, offs, forward, dgrad, wgrad, rounding, cache)
+    return _forward(a, b, offs, forward, dgrad, wgrad, rounding, param)
 
 
 @grouped_mm_op.register_fake
-def _(a, b, offs, forward, dgrad, wgrad, rounding, cache):
+def _(a, b, offs, forward, dgrad, wgrad, rounding, param):
     return a.new_empty(a.shape[0], b.shape[-1])
 
 
 @torch.library.custom_op(f"{LIB}::grouped_mm_dgrad", mutates_args=())
 def grouped_mm_dgrad_op(
-    grad: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, recipe: str, rounding: str, cache: bool
+    grad: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, recipe: str, rounding: str, param: torch.Tensor | None
 ) -> torch.Tensor:
-    return _dgrad(grad, b, offs, recipe, rounding, cache)
+    return _dgrad(grad, b, offs, recipe, rounding, param)
 
 
 @grouped_mm_dgrad_op.register_fake
-def _(grad, b, offs, recipe, rounding, cache):
+def _(grad, b, offs, recipe, rounding, param):
     return grad.new_empty(grad.shape[0], b.shape[-2])
 
 
@@ -84,17 +85,17 @@ def _(grad, a, offs, recipe, rounding):
 
 
 def _setup_context(ctx, inputs, output):
-    a, b, offs, forward, dgrad, wgrad, rounding, cache = inputs
-    ctx.save_for_backward(a, b, offs)
-    ctx.dgrad, ctx.wgrad, ctx.rounding, ctx.cache = dgrad, wgrad, rounding, cache
+    a, b, offs, forward, dgrad, wgrad, rounding, param = inputs
+    ctx.save_for_backward(a, b, offs, param)
+    ctx.dgrad, ctx.wgrad, ctx.rounding = dgrad, wgrad, rounding
 
 
 def _backward(ctx, grad):
-    a, b, offs = ctx.saved_tensors
+    a, b, offs, param = ctx.saved_tensors
     grad = grad.contiguous()  # incoming gradients may be expanded (zero strides)
     da = db = None
     if ctx.needs_input_grad[0]:
-        da = grouped_mm_dgrad_op(grad, b, offs, ctx.dgrad, ctx.rounding, ctx.cache)
+        da = grouped_mm_dgrad_op(grad, b, offs, ctx.dgrad, ctx.rounding, param)
     if ctx.needs_input_grad[1]:
         # the weight gradient is symmetric in its operands: compute it in the weight's own
         # layout (b is usually a transposed view of [E, N, K]), which saves a transposing copy
@@ -111,38 +112,41 @@ grouped_mm_op.register_autograd(_backward, setup_context=_setup_context)
 # Dense linears
 
 
-def _dense_forward(x, w, forward, dgrad, wgrad, rounding, cache, *, decomposing=False):
-    return _result(RECIPES[forward].dense_forward(x, w, rounding, cache, decomposing), x)
+def _dense_forward(x, w, forward, dgrad, wgrad, rounding, param, *, decomposing=False):
+    return _result(RECIPES[forward].dense_forward(x, w, rounding, param, decomposing), x)
 
 
-def _dense_dgrad(grad, w, recipe, rounding, cache, *, decomposing=False):
-    return _result(RECIPES[recipe].dense_dgrad(grad, w, rounding, cache, decomposing), grad)
+def _dense_dgrad(grad, w, recipe, rounding, param, *, decomposing=False):
+    return _result(RECIPES[recipe].dense_dgrad(grad, w, rounding, param, decomposing), grad)
 
 
 def _dense_wgrad(grad, x, recipe, rounding, *, decomposing=False):
-    return _result(RECIPES[recipe].dense_wgrad(grad, x, rounding, False, decomposing), grad)
+    return _result(RECIPES[recipe].dense_wgrad(grad, x, rounding, decomposing), grad)
 
 
 @torch.library.custom_op(f"{LIB}::linear", mutates_args=())
 def linear_op(
-    x: torch.Tensor, w: torch.Tensor, forward: str, dgrad: str, wgrad: str, rounding: str, cache: bool
+    x: torch.Tensor, w: torch.Tensor, forward: str, dgrad: str, wgrad: str, rounding: str,
+    param: torch.Tensor | None,
 ) -> torch.Tensor:
     """x[M, K] @ w[N, K]^T in the recipe (the bias is added outside, in the input's dtype)."""
-    return _dense_forward(x, w, forward, dgrad, wgrad, rounding, cache)
+    return _dense_forward(x, w, forward, dgrad, wgrad, rounding, param)
 
 
 @linear_op.register_fake
-def _(x, w, forward, dgrad, wgrad, rounding, cache):
+def _(x, w, forward, dgrad, wgrad, rounding, param):
     return x.new_empty(x.shape[0], w.shape[0])
 
 
 @torch.library.custom_op(f"{LIB}::linear_dgrad", mutates_args=())
-def linear_dgrad_op(grad: torch.Tensor, w: torch.Tensor, recipe: str, rounding: str, cache: bool) -> torch.Tensor:
-    return _dense_dgrad(grad, w, recipe, rounding, cache)
+def linear_dgrad_op(
+    grad: torch.Tensor, w: torch.Tensor, recipe: str, rounding: str, param: torch.Tensor | None
+) -> torch.Tensor:
+    return _dense_dgrad(grad, w, recipe, rounding, param)
 
 
 @linear_dgrad_op.register_fake
-def _(grad, w, recipe, rounding, cache):
+def _(grad, w, recipe, rounding, param):
     return grad.new_empty(grad.shape[0], w.shape[1])
 
 
@@ -157,17 +161,17 @@ def _(grad, x, recipe, rounding):
 
 
 def _setup_linear(ctx, inputs, output):
-    x, w, forward, dgrad, wgrad, rounding, cache = inputs
-    ctx.save_for_backward(x, w)
-    ctx.dgrad, ctx.wgrad, ctx.rounding, ctx.cache = dgrad, wgrad, rounding, cache
+    x, w, forward, dgrad, wgrad, rounding, param = inputs
+    ctx.save_for_backward(x, w, param)
+    ctx.dgrad, ctx.wgrad, ctx.rounding = dgrad, wgrad, rounding
 
 
 def _linear_backward(ctx, grad):
-    x, w = ctx.saved_tensors
+    x, w, param = ctx.saved_tensors
     grad = grad.contiguous()
     dx = dw = None
     if ctx.needs_input_grad[0]:
-        dx = linear_dgrad_op(grad, w, ctx.dgrad, ctx.rounding, ctx.cache)
+        dx = linear_dgrad_op(grad, w, ctx.dgrad, ctx.rounding, param)
     if ctx.needs_input_grad[1]:
         dw = linear_wgrad_op(grad, x, ctx.wgrad, ctx.rounding).to(w.dtype)
     return dx, dw, None, None, None, None, None
@@ -187,6 +191,16 @@ def register_decompositions() -> None:
     decomposition.fast_random_decomps.cache_clear()  # a cached copy of the table predates us
 
 
+def parameter_of(w: torch.Tensor) -> torch.Tensor | None:
+    """The tensor whose version counter keys reuse of `w`'s quantization when `w` is passed to the
+    eager op: `w` itself if it is a leaf (a parameter), the leaf it views, else None (a weight
+    computed from others is quantized for each GEMM)."""
+    if torch.compiler.is_compiling():
+        return None  # a traced view's base is not a graph input here; the pass passes the parameter
+    base = w._base if w._is_view() else w
+    return base if base.is_leaf else None
+
+
 def grouped_mm(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -195,21 +209,22 @@ def grouped_mm(
     recipe: str = "mxfp8",
     rounding: str = "rceil",
     wgrad: str = "quantized",
-    weight_cache: bool = True,
+    weight_cache: bool = False,
 ) -> torch.Tensor:
     """FP8 drop-in for `torch._grouped_mm(a[M, K], b[E, K, N], offs)` -> [M, N] in a's dtype.
 
     Forward, input-gradient and weight-gradient GEMMs run in the recipe, "mxfp8", "fp8_rowwise"
     or "auto" (each GEMM the fastest of those and bf16 for its shape, lowering/auto.py);
-    `wgrad="bf16"` keeps the weight gradient in bf16, `weight_cache` reuses b's quantization
-    until b changes (lowering/weights.py). `b` may be a transposed view of [E, N, K] or a
-    contiguous [E, K, N]; token groups may have any size (0 and non-multiples of 32 included).
-    As with `torch._grouped_mm`, output rows past offs[-1] are unspecified.
+    `wgrad="bf16"` keeps the weight gradient in bf16. `weight_cache=True` reuses b's FP8
+    quantization while b is a parameter, or a view of one, that has not changed
+    (lowering/weights.py). `b` may be a transposed view of [E, N, K] or a contiguous [E, K, N];
+    token groups may have any size (0 and non-multiples of 32 included). As with
+    `torch._grouped_mm`, output rows past offs[-1] are unspecified.
     """
     check_grouped_mm_args(a, b, offs, recipe, rounding, wgrad)
     plan = plan_for(recipe, wgrad, M=a.shape[0], K=b.shape[-2], N=b.shape[-1], E=b.shape[0], dense=False,
                     device=a.device)
-    return grouped_mm_op(a, b, offs, *plan.recipes, rounding, weight_cache)
+    return grouped_mm_op(a, b, offs, *plan.recipes, rounding, parameter_of(b) if weight_cache else None)
 
 
 def linear(
@@ -220,7 +235,7 @@ def linear(
     recipe: str = "mxfp8",
     rounding: str = "rceil",
     wgrad: str = "quantized",
-    weight_cache: bool = True,
+    weight_cache: bool = False,
 ) -> torch.Tensor:
     """FP8 drop-in for `F.linear(x[..., K], w[N, K], bias)` -> [..., N] in x's dtype: forward,
     input-gradient and weight-gradient GEMMs in the recipe, each quantized along its own
@@ -228,12 +243,12 @@ def linear(
     check_linear_args(x, w, bias, recipe, rounding, wgrad)
     plan = plan_for(recipe, wgrad, M=x.numel() // x.shape[-1], K=w.shape[1], N=w.shape[0], E=1, dense=True,
                     device=x.device)
-    return linear_body(x, w, bias, *plan.recipes, rounding, weight_cache)
+    return linear_body(x, w, bias, *plan.recipes, rounding, parameter_of(w) if weight_cache else None)
 
 
 def linear_body(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, forward: str, dgrad: str, wgrad: str,
-                rounding: str, cache: bool) -> torch.Tensor:
+                rounding: str, param: torch.Tensor | None) -> torch.Tensor:
     """`linear` without the argument checks, one recipe per GEMM: what the pass puts in a graph."""
-    out = linear_op(x.reshape(-1, x.shape[-1]), w, forward, dgrad, wgrad, rounding, cache)
+    out = linear_op(x.reshape(-1, x.shape[-1]), w, forward, dgrad, wgrad, rounding, param)
     out = out.reshape(*x.shape[:-1], w.shape[0])
     return out if bias is None else out + bias

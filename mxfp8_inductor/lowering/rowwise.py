@@ -94,12 +94,12 @@ def _gemm(a, b, scale_a, scale_b, offs) -> torch.Tensor:
     return torch._scaled_grouped_mm(a, b, scale_a, scale_b, offs=offs, out_dtype=OUT_DTYPE)
 
 
-def _weight_operand(b_EKN: torch.Tensor, rounding: str, dgrad: bool, cache: bool):
+def _weight_operand(b_EKN: torch.Tensor, param: torch.Tensor, rounding: str, dgrad: bool):
     """The weight's FP8 operand and scales for the forward ([E, K, N] view, scales [E, N]) or
     the input gradient ([E, N, K] view, scales [E, K]); both come from one quantization of the
     weight, which the cache keeps for the other role and the next microbatches."""
     data_ENK, scales_EN, data_EKN, scales_EK = weights.quantized(
-        b_EKN, ("fp8_rowwise", rounding), lambda b: kernels(b.device).quantize_weight(b, rounding), cache)
+        b_EKN, param, ("fp8_rowwise", rounding), lambda b: kernels(b.device).quantize_weight(b, rounding))
     return (data_EKN.transpose(-2, -1), scales_EK) if dgrad else (data_ENK.transpose(-2, -1), scales_EN)
 
 
@@ -110,31 +110,35 @@ def _grouped_or_dense(x_fp8, w_fp8, w_scales, x_scales, offs):
     return _gemm(x_fp8, w_fp8, x_scales, w_scales, offs)
 
 
-def _cached_weight_gemm(x_fp8, x_scales, b_EKN, offs, rounding, dgrad):
-    """x_fp8 [M, C] times the cached FP8 weight operand: grouped when offs is given, else dense
-    (b_EKN then [1, K, N], a dense weight's transposed view)."""
-    return _grouped_or_dense(x_fp8, *_weight_operand(b_EKN, rounding, dgrad, cache=True), x_scales, offs)
+def _cached_weight_gemm(x_fp8, x_scales, b_EKN, param, offs, rounding, dgrad):
+    """x_fp8 [M, C] times the FP8 weight operand, reused under `param`'s version counter
+    (lowering/weights.py): grouped when offs is given, else dense (b_EKN then [1, K, N], a dense
+    weight's transposed view)."""
+    return _grouped_or_dense(x_fp8, *_weight_operand(b_EKN, param, rounding, dgrad), x_scales, offs)
 
 
-def _cached_weight_gemm_fake(x_fp8, x_scales, b_EKN, offs, rounding, dgrad):
+def _cached_weight_gemm_fake(x_fp8, x_scales, b_EKN, param, offs, rounding, dgrad):
     return x_fp8.new_empty(x_fp8.shape[0], b_EKN.shape[-2 if dgrad else -1], dtype=OUT_DTYPE)
 
 
-# an opaque op, so that the cached operand never becomes a buffer Inductor could reuse
+# an opaque op that receives the parameter itself: the operand b it sees under Inductor is a
+# reinterpreted view with a version counter of its own, and a reused operand returned from an op
+# would be a buffer Inductor may reuse for another output, writing over it
 cached_weight_gemm_op = define(
     "rowwise_cached_weight_gemm",
-    "(Tensor x_fp8, Tensor x_scales, Tensor b, Tensor? offs, str rounding, bool dgrad) -> Tensor",
+    "(Tensor x_fp8, Tensor x_scales, Tensor b, Tensor param, Tensor? offs, str rounding, bool dgrad) -> Tensor",
     _cached_weight_gemm, _cached_weight_gemm_fake,
 )
 
 
-def _weight_gemm(x_MC, b_EKN, offs, rounding, cache, dgrad):
+def _weight_gemm(x_MC, b_EKN, offs, rounding, param, dgrad):
     """x [M, C] (C = K forward, N input gradient) times the weight in FP8, x quantized here,
-    where Inductor fuses it with its producer."""
+    where Inductor fuses it with its producer; the weight's quantization reused under `param`
+    (None: made here, for this GEMM alone)."""
     x_fp8, x_scales = rowwise.quantize_rows(x_MC, -1, rounding)
     x_fp8 = x_fp8.contiguous()
-    if cache:
-        return cached_weight_gemm_op(x_fp8, x_scales, b_EKN, offs, rounding, dgrad)
+    if param is not None:
+        return cached_weight_gemm_op(x_fp8, x_scales, b_EKN, param, offs, rounding, dgrad)
     w_fp8, w_scales = rowwise.quantize_rows(b_EKN if dgrad else b_EKN.transpose(-2, -1), -1, rounding)
     return _grouped_or_dense(x_fp8, w_fp8.contiguous().transpose(-2, -1), w_scales, x_scales, offs)
 
@@ -143,15 +147,15 @@ def _weight_gemm(x_MC, b_EKN, offs, rounding, cache, dgrad):
 # The three GEMMs (see lowering/ops.py for the common interface); every path here decomposes
 
 
-def forward(a_MK, b_EKN, offs, rounding, cache, decomposing):
-    return _weight_gemm(a_MK, b_EKN, offs, rounding, cache, dgrad=False)
+def forward(a_MK, b_EKN, offs, rounding, param, decomposing):
+    return _weight_gemm(a_MK, b_EKN, offs, rounding, param, dgrad=False)
 
 
-def dgrad(grad_MN, b_EKN, offs, rounding, cache, decomposing):
-    return _weight_gemm(grad_MN, b_EKN, offs, rounding, cache, dgrad=True)
+def dgrad(grad_MN, b_EKN, offs, rounding, param, decomposing):
+    return _weight_gemm(grad_MN, b_EKN, offs, rounding, param, dgrad=True)
 
 
-def wgrad(grad_MN, a_MK, offs, rounding, cache, decomposing):
+def wgrad(grad_MN, a_MK, offs, rounding, decomposing):
     if has_fp8_grouped_mm(a_MK.device) and a_MK.shape[0] < BF16_WGRAD_MAX_TOKENS_PER_GROUP * offs.numel():
         # same rounding as below; Inductor fuses each operand's rounding into one pass after its amax
         a_q = rowwise.quantize_dequantize_groups(a_MK, offs, group_amax_op(a_MK, offs), rounding)
@@ -177,15 +181,15 @@ def _mm(a_MK, b_KN, scale_M, scale_N) -> torch.Tensor:
     return torch.mm(a, b)
 
 
-def dense_forward(x_MK, w_NK, rounding, cache, decomposing):
-    return _weight_gemm(x_MK, w_NK.t()[None], None, rounding, cache, dgrad=False)
+def dense_forward(x_MK, w_NK, rounding, param, decomposing):
+    return _weight_gemm(x_MK, w_NK.t()[None], None, rounding, param, dgrad=False)
 
 
-def dense_dgrad(grad_MN, w_NK, rounding, cache, decomposing):
-    return _weight_gemm(grad_MN, w_NK.t()[None], None, rounding, cache, dgrad=True)
+def dense_dgrad(grad_MN, w_NK, rounding, param, decomposing):
+    return _weight_gemm(grad_MN, w_NK.t()[None], None, rounding, param, dgrad=True)
 
 
-def dense_wgrad(grad_MN, x_MK, rounding, cache, decomposing):
+def dense_wgrad(grad_MN, x_MK, rounding, decomposing):
     if has_fp8_grouped_mm(x_MK.device):
         # torch's FP8 GEMM takes a contraction (here the tokens) in multiples of 16; zero rows
         # change no scale and add nothing

@@ -1,26 +1,35 @@
-"""Quantized weights kept across the microbatches of an optimizer step (docs/design.md, "Weight
-cache").
+"""Quantized weights reused across GEMMs and microbatches (docs/design.md, "Weight cache").
 
-Weights do not change between the forward and backward passes of the microbatches that one
-optimizer step accumulates, so their FP8 operands are computed once and reused. An entry is
-served only while its weight has the same storage, data pointer, layout and version counter as
-when it was made, and no optimizer has stepped since: every in-place write through autograd's
-view of a tensor (optimizer updates, `copy_`, `load_state_dict`) bumps the version counter, and
-an optimizer step clears the whole cache, which also covers FSDP2, whose all-gathers refill the
-unsharded parameters with their version counter preserved. Writes through `.data` bypass the
-version counter, as they do for autograd: call `clear_weight_cache()` after them.
+A weight operand's quantization is reused only where the operand is a view of a parameter's
+own storage, and only while that parameter's version counter (the one autograd and every
+in-place write through it bump) and data pointer are unchanged and no optimizer has stepped
+since. The parameter comes from the pass, which knows the graph input each weight operand is
+read from, or from the eager op's argument; the operand the op receives is never the key: under
+Inductor a transposed weight arrives as a reinterpreted view with a version counter of its own,
+and a weight computed in the graph (a cast, a LoRA sum) lives in a buffer Inductor reuses for
+other tensors. Such a weight is a different storage from its parameter, so it is never reused.
+
+Entries are held per parameter and dropped with it (a weak reference's callback), at every
+optimizer step (which also covers FSDP2, whose all-gathers refill the unsharded parameter with
+its version counter preserved), and by `clear_weight_cache()`. Writes that bypass the version
+counter (through `.data`, collectives, numpy views) are invisible: call `clear_weight_cache()`
+after them.
 """
 
 from __future__ import annotations
 
+import threading
 import warnings
+import weakref
 from collections.abc import Callable
 
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-_entries: dict[tuple, tuple[StorageWeakRef, int, int, tuple[torch.Tensor, ...]]] = {}
+# per parameter (by id, while its weak reference lives): the weak reference and its entries,
+# {(offset, shape, strides, kind): (version, data pointer, quantized tensors)}
+_params: dict[int, tuple[weakref.ref, dict[tuple, tuple[int, int, tuple[torch.Tensor, ...]]]]] = {}
+_lock = threading.Lock()
 _hook = None
 # the share of a GPU's memory past which the cache warns, once per process: it holds every
 # weight's operands until the next optimizer step, with FSDP2 at their unsharded size
@@ -29,39 +38,60 @@ _warned = False
 
 
 def clear_weight_cache() -> None:
-    """Drop every cached quantized weight (the next GEMM of each weight quantizes it again)."""
-    _entries.clear()
+    """Drop every reused quantized weight (the next GEMM of each weight quantizes it again)."""
+    with _lock:
+        _params.clear()
 
 
 def _on_optimizer_step(optimizer, args, kwargs) -> None:
-    _entries.clear()
+    clear_weight_cache()
 
 
 def cached_bytes() -> int:
-    """Device bytes the cache holds."""
-    return sum(t.numel() * t.element_size() for *_, tensors in _entries.values() for t in tensors)
+    """Bytes the cache holds, over all devices."""
+    with _lock:
+        return sum(t.numel() * t.element_size() for _, entries in _params.values()
+                   for *_, tensors in entries.values() for t in tensors)
 
 
-def quantized(w: torch.Tensor, kind: tuple, quantize: Callable[[torch.Tensor], tuple[torch.Tensor, ...]],
-              cache: bool) -> tuple[torch.Tensor, ...]:
-    """`quantize(w)`, served from the cache while `w` is unchanged when `cache`; `kind` names
-    the quantization (its recipe, rounding, orientation)."""
-    if not cache or w.is_inference():  # inference tensors have no version counter
+def reusable(w: torch.Tensor, param: torch.Tensor | None) -> bool:
+    """Whether `w`'s quantization may be reused under `param`'s version counter: `w` is a view
+    of `param`'s storage in its dtype, on tensors that have version counters."""
+    return (param is not None and not w.is_inference() and not param.is_inference() and w.dtype == param.dtype
+            and w.device == param.device
+            and w.untyped_storage().data_ptr() == param.untyped_storage().data_ptr())
+
+
+def _forget(pid: int, ref: weakref.ref) -> None:
+    with _lock:
+        if pid in _params and _params[pid][0] is ref:
+            del _params[pid]
+
+
+def quantized(w: torch.Tensor, param: torch.Tensor | None, kind: tuple,
+              quantize: Callable[[torch.Tensor], tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
+    """`quantize(w)`, reused while `w` is a view of `param` (None: never) and `param` is
+    unchanged; `kind` names the quantization (its recipe, rounding, orientation)."""
+    if not reusable(w, param):
         return quantize(w)
     global _hook
-    if _hook is None:
-        _hook = register_optimizer_step_post_hook(_on_optimizer_step)
-    storage = w.untyped_storage()
-    # the storage's address, which an entry's weak reference keeps from being reused; the weak
-    # reference itself is made on a miss only, as every GEMM of every step looks up its weight
-    key = (storage._cdata, w.storage_offset(), tuple(w.shape), w.stride(), w.dtype, w.device, kind)
-    entry = _entries.get(key)
-    if entry is not None and not entry[0].expired() and entry[1] == w.data_ptr() and entry[2] == w._version:
-        return entry[3]
-    for stale in [k for k, e in _entries.items() if e[0].expired()]:  # weights freed since
-        del _entries[stale]
+    key = (w.storage_offset(), tuple(w.shape), w.stride(), kind)
+    stamp = (param._version, param.data_ptr())
+    with _lock:
+        if _hook is None:
+            _hook = register_optimizer_step_post_hook(_on_optimizer_step)
+        held = _params.get(id(param))
+        if held is not None and held[0]() is param:
+            entry = held[1].get(key)
+            if entry is not None and entry[:2] == stamp:
+                return entry[2]
     out = quantize(w)
-    _entries[key] = (StorageWeakRef(storage), w.data_ptr(), w._version, out)
+    with _lock:
+        held = _params.get(id(param))
+        if held is None or held[0]() is not param:
+            pid = id(param)
+            held = _params[pid] = (weakref.ref(param, lambda ref: _forget(pid, ref)), {})
+        held[1][key] = (*stamp, out)
     _warn_if_large(w.device)
     return out
 

@@ -57,18 +57,21 @@ def plan(site: Site, config: MXFP8Config) -> Plan:
     return plan_for(config.recipe, config.wgrad, M=M, K=K, N=N, E=E, dense=site.dense, device=b.device)
 
 
-def _replace(site: Site, config: MXFP8Config, recipes: tuple[str, str, str]) -> str:
+def _replace(site: Site, config: MXFP8Config, recipes: tuple[str, str, str],
+             replaced: dict[torch.fx.Node, torch.fx.Node]) -> str:
+    """Put the op in the site's place; `replaced` maps the nodes of sites replaced before to their
+    ops, as a site's operands were recorded before (a grouped matmul fed by another)."""
     gm, node = site.gm, site.node
+    param = site.param_node if config.weight_cache else None
+    operands = (site.a, site.b, site.args.get("bias") if site.dense else site.offs)
+    operands = tuple(replaced.get(x, x) if isinstance(x, torch.fx.Node) else x for x in operands)
     with gm.graph.inserting_before(node):
-        if site.dense:
-            args = (site.a, site.b, site.args.get("bias"), *recipes, config.rounding, config.weight_cache)
-            new = gm.graph.call_function(linear_body, args)
-        else:
-            args = (site.a, site.b, site.offs, *recipes, config.rounding, config.weight_cache)
-            new = gm.graph.call_function(torch.ops.mxfp8.grouped_mm.default, args)
+        target = linear_body if site.dense else torch.ops.mxfp8.grouped_mm.default
+        new = gm.graph.call_function(target, (*operands, *recipes, config.rounding, param))
     new.meta.update(node.meta)
     node.replace_all_uses_with(new)
     gm.graph.erase_node(node)
+    replaced[node] = new
     return new.name
 
 
@@ -114,6 +117,7 @@ def rewrite(gm: torch.fx.GraphModule, config: MXFP8Config | None) -> list[SiteRe
     """
     rows: list[SiteReport] = []
     touched: dict[int, torch.fx.GraphModule] = {}
+    replaced: dict[torch.fx.Node, torch.fx.Node] = {}
     sites = [s for s in find_sites(gm) if not s.dense or _targets(s, config) == "all"]
     if config is not None and sites:
         # FQNs here are relative to the compiled module: a per-block compile sees "moe.experts",
@@ -152,7 +156,7 @@ def rewrite(gm: torch.fx.GraphModule, config: MXFP8Config | None) -> list[SiteRe
             if site_plan.recipes == ("bf16",) * 3:  # auto found FP8 slower for all three GEMMs
                 node.meta[DECIDED] = True
             else:
-                name = _replace(site, cfg, site_plan.recipes)
+                name = _replace(site, cfg, site_plan.recipes, replaced)
                 touched[id(site.gm)] = site.gm
         else:
             node.meta[DECIDED] = True

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ..eligibility import dense_problem, site_problem
 from ..options import MXFP8Config
@@ -58,6 +59,9 @@ class Site:
     marked: registry.Marked | None  # the weight's mark, when its model was marked
     args: dict[str, Any]  # the call's operands by role (grouped_mm_args)
     dense: bool = False
+    # the node in `gm` holding the parameter itself, when the weight operand is read from a plain
+    # (not subclass) parameter of its dtype: what keys reuse of the weight's quantization
+    param_node: torch.fx.Node | None = None
 
     def problem(self, config: MXFP8Config) -> str | None:
         """Why the config's op cannot run this call, None if it can."""
@@ -129,6 +133,27 @@ def _weight_source(b: Any, outer: dict[torch.fx.Node, Any]) -> torch.fx.Node | N
             return None
         node = node.args[0]
     return None
+
+
+def _param_node(b: Any, outer: dict[torch.fx.Node, Any], param: torch.nn.Parameter | None) -> torch.fx.Node | None:
+    """The node of b's own graph that holds `param` itself (not a view of it): the graph's
+    placeholder or get_attr the weight is read from, where that is bound to the parameter
+    directly; None for a subclass parameter (a DTensor), another dtype, or no such node."""
+    if param is None or is_traceable_wrapper_subclass(param) or getattr(_val(b), "dtype", None) != param.dtype:
+        return None
+    node = b
+    while isinstance(node, torch.fx.Node) and node.op not in ("placeholder", "get_attr"):
+        passes = (node.op == "call_method" and node.target in _PASS_THROUGH_METHODS) or (
+            node.op == "call_function" and (node.target in _PASS_THROUGH_FUNCTIONS or _is_aten_view(node.target)))
+        if not passes or not node.args:
+            return None
+        node = node.args[0]
+    bound = node
+    while bound in outer:  # a subgraph's placeholder: bound to the parameter only through placeholders
+        bound = outer[bound]
+        if not isinstance(bound, torch.fx.Node) or bound.op not in ("placeholder", "get_attr"):
+            return None
+    return node if isinstance(node, torch.fx.Node) else None
 
 
 def _is_aten_view(target: Any) -> bool:
@@ -210,12 +235,13 @@ def find_sites(
             module_fqn, weight_fqn, param, marked = _fqns(node, dense_args.get("b"), outer, marks)
             if param is not None:
                 sites.append(Site(gm, node, dense_args["a"], dense_args["b"], None, module_fqn, weight_fqn,
-                                  param, marked, dense_args, dense=True))
+                                  param, marked, dense_args, dense=True,
+                                  param_node=_param_node(dense_args["b"], outer, param)))
             continue
         if not is_grouped_mm(node):
             continue
         args = grouped_mm_args(node.args, node.kwargs)
         module_fqn, weight_fqn, param, marked = _fqns(node, args.get("b"), outer, marks)
         sites.append(Site(gm, node, args.get("a"), args.get("b"), args.get("offs"), module_fqn, weight_fqn,
-                          param, marked, args))
+                          param, marked, args, param_node=_param_node(args.get("b"), outer, param)))
     return sites

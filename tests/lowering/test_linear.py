@@ -65,8 +65,8 @@ def test_native_linear_runs_one_group_grouped_gemms_that_pass_torch_meta_checks(
     # outputs laid out as the ops' fakes promise (compiled graphs assert their strides)
     g = torch.randn(M, N, dtype=torch.bfloat16)
     x_MK, w = x.detach().reshape(M, K), w.detach()
-    for op, args in ((gm.linear_op, (x_MK, w, *["mxfp8"] * 3, "rceil", False)),
-                     (gm.linear_dgrad_op, (g, w, "mxfp8", "rceil", False)),
+    for op, args in ((gm.linear_op, (x_MK, w, *["mxfp8"] * 3, "rceil", None)),
+                     (gm.linear_dgrad_op, (g, w, "mxfp8", "rceil", None)),
                      (gm.linear_wgrad_op, (g, x_MK, "mxfp8", "rceil"))):
         torch.library.opcheck(op, args, test_utils="test_faketensor")
 

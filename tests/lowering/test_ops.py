@@ -1,5 +1,6 @@
 """mxfp8_inductor.grouped_mm: accuracy vs bf16, paths, custom-op contracts, compile, bad input."""
 
+
 import functools
 
 import pytest
@@ -116,31 +117,27 @@ def test_opcheck():
     a, w, b_of, offs, grad = _problem(4, K=64, N=64, tail=0)
     b = b_of(w)
     for recipe in gm.RECIPES:
-        args = (a.requires_grad_(), b.requires_grad_(), offs, recipe, recipe, recipe, "rceil", True)
+        args = (a.requires_grad_(), b.requires_grad_(), offs, recipe, recipe, recipe, "rceil", w)
         torch.library.opcheck(gm.grouped_mm_op, args)
-        torch.library.opcheck(gm.grouped_mm_op, (a, b, offs, recipe, recipe, "bf16", "floor", False))
-        torch.library.opcheck(gm.grouped_mm_dgrad_op, (grad, b.detach(), offs, recipe, "rceil", True))
+        torch.library.opcheck(gm.grouped_mm_op, (a, b, offs, recipe, recipe, "bf16", "floor", None))
+        torch.library.opcheck(gm.grouped_mm_dgrad_op, (grad, b.detach(), offs, recipe, "rceil", w.detach()))
         torch.library.opcheck(gm.grouped_mm_wgrad_op, (grad, a.detach(), offs, recipe, "rceil"))
     torch.library.opcheck(rw_lowering.quantize_groups_rowwise_op, (a.detach(), offs, "floor"))
     torch.library.opcheck(rw_lowering.group_amax_op, (a.detach(), offs))
     a_fp8, a_scales = rowwise.quantize_rows(a.detach(), -1)
     for dgrad, x_fp8, x_scales in ((False, a_fp8, a_scales), (True, *rowwise.quantize_rows(grad, -1))):
         # (opcheck's schema test compares inputs with allclose, which float8 tensors lack)
-        torch.library.opcheck(rw_lowering.cached_weight_gemm_op, (x_fp8, x_scales, b.detach(), offs, "rceil", dgrad),
+        torch.library.opcheck(rw_lowering.cached_weight_gemm_op,
+                              (x_fp8, x_scales, b.detach(), w.detach(), offs, "rceil", dgrad),
                               test_utils=("test_faketensor", "test_autograd_registration"))
-    for dgrad, x in ((False, a.detach()), (True, grad)):
-        torch.library.opcheck(mx_lowering.cached_weight_gemm_op,
-                              (mx_lowering.quantize_dequantize_op(x, -1, "rceil"), b.detach(), offs, "rceil", dgrad))
     torch.library.opcheck(mx_lowering.quantize_dequantize_op, (b.detach(), 1, "rceil"))
     torch.library.opcheck(mx_lowering.quantize_dequantize_groups_op, (a.detach(), offs, "floor"))
 
 
-@pytest.mark.parametrize("cache, weight_gemm", [(True, "mxfp8.cached_weight_gemm.default"),
-                                                (False, "aten._grouped_mm.default")])
-def test_inductor_sees_the_quantizers_and_computes_shared_ones_once(cache, weight_gemm):
+def test_inductor_sees_the_quantizers_and_computes_shared_ones_once():
     """Under Inductor the GEMM ops decompose into the tokens' quantize-dequantize and a GEMM, so
-    the tokens feeding w1 and w3 are quantized once; each weight's rounding sits inside the
-    cached-weight GEMM op, or with the cache off beside the tokens'."""
+    the tokens feeding w1 and w3 are quantized once; the emulation rounds each weight beside
+    them, whether or not a parameter is given (it reuses no weight quantization)."""
     from torch._inductor.decomposition import select_decomp_table
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -150,13 +147,13 @@ def test_inductor_sees_the_quantizers_and_computes_shared_ones_once(cache, weigh
     from torch._functorch.compile_utils import fx_graph_cse
 
     def block(a, w, w3):
-        h = torch.nn.functional.silu(gm.grouped_mm_op(a, b_of(w), offs, *["mxfp8"] * 3, "rceil", cache))
-        return h * gm.grouped_mm_op(a, b_of(w3), offs, *["mxfp8"] * 3, "rceil", cache)
+        h = torch.nn.functional.silu(gm.grouped_mm_op(a, b_of(w), offs, *["mxfp8"] * 3, "rceil", w))
+        return h * gm.grouped_mm_op(a, b_of(w3), offs, *["mxfp8"] * 3, "rceil", w3)
 
     graph = fx_graph_cse(make_fx(block, decomposition_table=select_decomp_table())(a, w, w3).graph)
     targets = [str(n.target) for n in graph.nodes if n.op == "call_function"]
-    assert targets.count("mxfp8.quantize_dequantize.default") == (1 if cache else 3)  # a once (w, w3)
-    assert targets.count(weight_gemm) == 2
+    assert targets.count("mxfp8.quantize_dequantize.default") == 3  # a once (w, w3), w, w3
+    assert targets.count("aten._grouped_mm.default") == 2
     assert not any("mxfp8.grouped_mm" in t for t in targets)
 
 
@@ -234,8 +231,8 @@ def test_rowwise_operands_pass_torch_meta_checks(monkeypatch, transposed):
     assert sorted(seen) == sorted([(M, 96), (M, 128), (E, 96, 128) if transposed else (E, 128, 96)])
 
 
-def _rowwise_forward(a, b, offs, cache):
-    return gm.grouped_mm_op(a, b, offs, *["fp8_rowwise"] * 3, "rceil", cache)
+def _rowwise_forward(a, w_ENK, offs, cache):
+    return gm.grouped_mm_op(a, w_ENK.transpose(-2, -1), offs, *["fp8_rowwise"] * 3, "rceil", w_ENK if cache else None)
 
 
 @pytest.mark.parametrize("tokens_per_group, gemm", [(64, "mxfp8.fp8_grouped_mm.default"),
@@ -254,7 +251,7 @@ def test_rowwise_forward_decomposes_to_fusible_ops_and_a_visible_fp8_gemm(monkey
         w = torch.empty(4, 96, 128, dtype=torch.bfloat16, device="cuda")
         offs = torch.empty(4, dtype=torch.int32, device="cuda")
         graphs = [make_fx(functools.partial(_rowwise_forward, cache=cache),
-                          decomposition_table=select_decomp_table())(a, w.transpose(-2, -1), offs).graph
+                          decomposition_table=select_decomp_table())(a, w, offs).graph
                   for cache in (False, True)]
     targets = [str(n.target) for n in graphs[0].nodes if n.op == "call_function"]
     assert [t for t in targets if "grouped_mm" in t] == [gemm]
@@ -290,9 +287,9 @@ def test_rowwise_small_group_weight_grad_is_the_fp8_one_in_bf16(monkeypatch, siz
     a = torch.randn(M, 64, generator=g).bfloat16()
     grad = (torch.randn(M, 32, generator=g) * 1e3).bfloat16()
     a[M - 1] = float("nan")
-    want = rw_lowering.wgrad(grad, a, offs, "rceil", False, False)
+    want = rw_lowering.wgrad(grad, a, offs, "rceil", False)
     monkeypatch.setattr(rw_lowering, "has_fp8_grouped_mm", lambda device: True)
-    got = rw_lowering.wgrad(grad, a, offs, "rceil", False, False)
+    got = rw_lowering.wgrad(grad, a, offs, "rceil", False)
     assert_bitwise_equal(got, want)
     assert all(torch.all(got[e] == 0) for e, n in enumerate(sizes) if n == 0)
 

@@ -1,7 +1,15 @@
-"""The weight cache: quantized weight operands reused across microbatches, never served stale."""
+"""Reused weight quantizations (`weight_cache=True`): keyed on the parameter, never stale, never
+another weight's, dropped with the parameter; off by default (docs/design.md, "Weight cache").
+
+Every case runs with both recipes and both expert-weight layouts (a transposed [E, N, K]
+parameter, as transformers' Mixtral and Qwen3-MoE and TorchTitan hold them, and a contiguous
+[E, K, N] one), through the eager op and under the pass with Inductor, and compares with the
+eager op without reuse on the current weights.
+"""
 
 import gc
 import math
+import threading
 import warnings
 
 import pytest
@@ -13,112 +21,243 @@ from mxfp8_inductor.kernels import reference, rowwise
 from mxfp8_inductor.lowering import mxfp8, weights
 
 SIZES = [40, 0, 64, 17]
+E, N, K = 4, 64, 96
 
 
-# per recipe: the weight quantizer the cache stands in front of, how many of its calls fill the
-# cache (fp8_rowwise writes both orientations in one pass), and the bytes an [E, N, K] weight's
-# entries hold (fp8_rowwise: float8 data and fp32 scales per orientation; mxfp8 on CPU and
-# Hopper: one bf16 copy per orientation)
-RECIPES = {
-    "fp8_rowwise": (rowwise, "quantize_weight", 1, lambda E, N, K: 2 * E * N * K + E * (N + K) * 4),
-    "mxfp8": (mxfp8, "_dequantized_weight", 2, lambda E, N, K: 4 * E * N * K),
-}
+def _weight(layout: str, seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> torch.nn.Parameter:
+    g = torch.Generator().manual_seed(seed)
+    w_ENK = torch.randn(E, N, K, generator=g) * 0.05
+    return torch.nn.Parameter((w_ENK if layout == "transposed" else w_ENK.transpose(-2, -1).contiguous()).to(dtype))
+
+
+def _operand(w: torch.Tensor, layout: str) -> torch.Tensor:
+    """The [E, K, N] operand of `torch._grouped_mm` from the parameter."""
+    return w.transpose(-2, -1) if layout == "transposed" else w
 
 
 class Experts(torch.nn.Module):
-    def __init__(self, recipe: str, E: int = 4, N: int = 64, K: int = 96) -> None:
+    """One expert GEMM: the eager op, or with `pass_route` the plain call the pass rewrites."""
+
+    def __init__(self, recipe: str, layout: str, pass_route: bool) -> None:
         super().__init__()
-        g = torch.Generator().manual_seed(0)
-        self.recipe = recipe
-        self.w_ENK = torch.nn.Parameter((torch.randn(E, N, K, generator=g) * 0.05).bfloat16())
+        self.recipe, self.layout, self.pass_route = recipe, layout, pass_route
+        self.w = _weight(layout)
 
-    def forward(self, x_MK: torch.Tensor, offs: torch.Tensor, cache: bool = True) -> torch.Tensor:
-        return mx.grouped_mm(x_MK, self.w_ENK.transpose(-2, -1), offs, recipe=self.recipe, weight_cache=cache)
+    def forward(self, x_MK: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+        b_EKN = _operand(self.w, self.layout)
+        if self.pass_route:
+            return torch._grouped_mm(x_MK, b_EKN, offs=offs)
+        return mx.grouped_mm(x_MK, b_EKN, offs, recipe=self.recipe, weight_cache=True)
 
 
-@pytest.fixture(params=list(RECIPES))
-def recipe(request):
-    return request.param
+def _inputs(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(sum(SIZES), K, generator=g).bfloat16(), make_offs(SIZES)
+
+
+def _step(run, w: torch.Tensor, x: torch.Tensor, offs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Output, input gradient and weight gradient of one forward and backward."""
+    x = x.detach().requires_grad_()
+    out = run(x, offs)
+    dx, dw = torch.autograd.grad(out.float().square().sum(), [x, w])
+    return out.detach(), dx, dw
+
+
+def _fresh(model: Experts, x: torch.Tensor, offs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """What the model computes on its current weights, quantizing them anew."""
+    w = model.w.detach().clone().requires_grad_()
+    return _step(lambda x, offs: mx.grouped_mm(x, _operand(w, model.layout), offs, recipe=model.recipe), w, x, offs)
+
+
+@pytest.fixture(autouse=True)
+def _empty_cache():
+    weights.clear_weight_cache()
+    yield
+    weights.clear_weight_cache()
+
+
+def _changes(model: Experts, run, x: torch.Tensor, offs: torch.Tensor):
+    """Each way a training or evaluation loop changes a weight through its version counter, by
+    name, to apply in turn (`run`: the model, eager or compiled)."""
+    w = model.w
+
+    @torch.no_grad()
+    def negate():
+        w.mul_(-1)
+
+    def sgd_by_hand():
+        grad = _step(run, w, x, offs)[2]
+        with torch.no_grad():
+            w.sub_(0.5 * grad)
+
+    @torch.no_grad()
+    def triple():
+        w.copy_(w * 3)
+
+    def optimizer():
+        opt = torch.optim.SGD([w], lr=0.5)
+        w.grad = torch.ones_like(w)
+        opt.step()
+        w.grad = None
+
+    return [("mul_", negate), ("sgd by hand", sgd_by_hand),
+            ("load_state_dict", lambda: model.load_state_dict({"w": _weight(model.layout, seed=7).detach()})),
+            ("copy_", triple), ("optimizer step", optimizer)]
+
+
+@pytest.mark.parametrize("layout", ["transposed", "contiguous"])
+@pytest.mark.parametrize("recipe", ["fp8_rowwise", "mxfp8"])
+@pytest.mark.parametrize("route", ["eager", "pass"])
+def test_every_change_to_a_weight_is_seen(recipe, layout, route):
+    """The cache on, each change made after a step: the next step computes with the new weight,
+    exactly as a run that quantizes it anew (in a compiled graph too, where the transposed
+    operand is a reinterpreted view with a version counter of its own)."""
+    model = Experts(recipe, layout, pass_route=route == "pass")
+    run = model if route == "eager" else torch.compile(model, backend="mxfp8",
+                                                       options={"recipe": recipe, "weight_cache": True})
+    x, offs = _inputs()
+    before = _step(run, model.w, x, offs)
+    for a, b in zip(before, _fresh(model, x, offs)):
+        assert_bitwise_equal(a, b)
+    for name, change in _changes(model, run, x, offs):
+        change()
+        got = _step(run, model.w, x, offs)
+        assert not torch.equal(got[0], before[0]), name  # the change is one the output shows
+        for a, b in zip(got, _fresh(model, x, offs)):
+            assert_bitwise_equal(a, b)
+        before = got
+
+
+@pytest.mark.parametrize("recipe", ["fp8_rowwise", "mxfp8"])
+def test_weights_computed_in_the_graph_are_never_reused(recipe):
+    """fp32 master weights cast in the graph: the casts live in buffers Inductor reuses, with the
+    same storage, pointer and version for w1's and w3's; each GEMM gets its own weight."""
+
+    class Cast(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w1, self.w3 = _weight("transposed", 1, torch.float32), _weight("transposed", 3, torch.float32)
+
+        def forward(self, x_MK, offs):
+            return (torch._grouped_mm(x_MK, self.w1.bfloat16().transpose(-2, -1), offs=offs),
+                    torch._grouped_mm(x_MK, self.w3.bfloat16().transpose(-2, -1), offs=offs))
+
+    model, (x, offs) = Cast(), _inputs()
+    # eager's rounding of the cast, which Inductor otherwise folds into the quantization's read
+    inductor = {"emulate_precision_casts": True}
+    compiled = torch.compile(model, backend="mxfp8", options={"recipe": recipe, "weight_cache": True,
+                                                              "inductor": inductor})
+    for _ in range(2):
+        h1, h3 = compiled(x, offs)
+        for got, w in ((h1, model.w1), (h3, model.w3)):
+            assert_bitwise_equal(got, mx.grouped_mm(x, w.bfloat16().transpose(-2, -1), offs, recipe=recipe))
+    assert weights.cached_bytes() == 0
+
+
+@pytest.mark.parametrize("route", ["eager", "pass"])
+def test_nothing_is_held_by_default(route):
+    """Without `weight_cache=True` no quantized weight outlives its GEMM."""
+    model, (x, offs) = Experts("fp8_rowwise", "transposed", pass_route=route == "pass"), _inputs()
+    if route == "eager":
+        run = lambda x, offs: mx.grouped_mm(x, model.w.transpose(-2, -1), offs, recipe="fp8_rowwise")
+    else:
+        run = torch.compile(model, backend="mxfp8", options={"recipe": "fp8_rowwise"})
+    for _ in range(2):
+        _step(run, model.w, x, offs)
+    assert weights.cached_bytes() == 0
 
 
 @pytest.fixture
-def quantizations(monkeypatch, recipe):
-    """Counts the weight quantizations the cache lets through."""
-    weights.clear_weight_cache()
+def quantizations(monkeypatch):
+    """Counts the fp8_rowwise weight quantizations the cache lets through."""
     calls = []
-    module, name, _, _ = RECIPES[recipe]
-    quantize = getattr(module, name)
+    quantize = rowwise.quantize_weight
 
     def counted(b, *args):
         calls.append(b.shape)
         return quantize(b, *args)
 
-    monkeypatch.setattr(module, name, counted)
-    yield calls
-    weights.clear_weight_cache()
+    monkeypatch.setattr(rowwise, "quantize_weight", counted)
+    return calls
 
 
-def _step(model, x, offs, cache):
-    """Output and gradients of one forward and backward."""
-    x = x.detach().requires_grad_()
-    out = model(x, offs, cache)
-    dx, dw = torch.autograd.grad(out.float().square().sum(), [x, model.w_ENK])
-    return out, dx, dw
-
-
-def _inputs(seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(sum(SIZES), 96, generator=g).bfloat16(), make_offs(SIZES)
-
-
-def test_one_quantization_serves_forward_backward_and_later_microbatches(quantizations, recipe):
-    model, (x, offs) = Experts(recipe), _inputs()
-    want = _step(model, x, offs, cache=False)
-    del quantizations[:]  # the uncached GEMMs quantize the weight each time
+@pytest.mark.parametrize("layout", ["transposed", "contiguous"])
+def test_one_quantization_serves_forward_backward_and_later_microbatches(quantizations, layout):
+    """fp8_rowwise: one pass makes both orientations; they serve every GEMM of the weight until
+    it changes, and hold float8 data and fp32 scales per orientation."""
+    model, (x, offs) = Experts("fp8_rowwise", layout, pass_route=False), _inputs()
     for _ in range(3):
-        for got, ref in zip(_step(model, x, offs, cache=True), want):
+        for got, ref in zip(_step(model, model.w, x, offs), _fresh(model, x, offs)):
             assert_bitwise_equal(got, ref)
-    _, _, fills, nbytes = RECIPES[recipe]
-    assert len(quantizations) == fills
-    assert weights.cached_bytes() == nbytes(*model.w_ENK.shape)
+    assert len(quantizations) == 1
+    assert weights.cached_bytes() == 2 * E * N * K + E * (N + K) * 4
 
 
-@pytest.mark.parametrize("change", ["optimizer", "copy_", "load_state_dict", "clear"])
-def test_a_changed_weight_is_quantized_again(quantizations, recipe, change):
-    model, (x, offs) = Experts(recipe), _inputs()
-    _step(model, x, offs, cache=True)
-    fills = len(quantizations)
-    if change == "optimizer":
-        opt = torch.optim.SGD(model.parameters(), lr=10.0)
-        model.w_ENK.grad = torch.ones_like(model.w_ENK)
-        opt.step()
-    elif change == "copy_":
-        with torch.no_grad():
-            model.w_ENK.copy_(model.w_ENK * 3)
-    elif change == "load_state_dict":
-        model.load_state_dict({"w_ENK": model.w_ENK.detach() * -2})
-    else:
-        with torch.no_grad():
-            model.w_ENK.data.mul_(5)  # .data bypasses the version counter: the user clears
-        weights.clear_weight_cache()
-    got = _step(model, x, offs, cache=True)
-    assert len(quantizations) == 2 * fills
-    for a, b in zip(got, _step(model, x, offs, cache=False)):
-        assert_bitwise_equal(a, b)
-
-
-def test_entries_of_freed_weights_are_dropped(quantizations, recipe):
+def test_native_mxfp8_operands_are_reused_under_the_parameter():
+    """The native path's float8 weight operands (built here with the reference kernels) are made
+    once per orientation and made anew after the parameter changes; a weight that is not a view
+    of the parameter passed is never reused."""
+    w = _weight("transposed")
     x, offs = _inputs()
-    model = Experts(recipe)
-    _step(model, x, offs, cache=True)
-    fills = len(weights._entries)
+    ptr = lambda t: t.untyped_storage().data_ptr()
+    fwd = lambda b: mxfp8.native_forward_args(reference, x, b, offs, "rceil", w)[1]
+    dgrad = lambda b: mxfp8.native_dgrad_args(reference, x[:, :N], b, offs, "rceil", w)[1]
+    with torch.no_grad():  # as inside the op
+        first_fwd, first_dgrad = fwd(w.transpose(-2, -1)), dgrad(w.transpose(-2, -1))
+        assert ptr(fwd(w.transpose(-2, -1))) == ptr(first_fwd) and ptr(dgrad(w.transpose(-2, -1))) == ptr(first_dgrad)
+        w.mul_(2)
+        again = fwd(w.transpose(-2, -1))
+        assert ptr(again) != ptr(first_fwd)
+        assert_bitwise_equal(again.transpose(-2, -1), reference.quantize_weight_blocked(w, "rceil")[0])
+        assert ptr(fwd(w.clone().transpose(-2, -1))) != ptr(again)  # not a view of w: made anew
+
+
+def test_writes_that_bypass_the_version_counter_need_clear_weight_cache():
+    """`.data` writes (as `param.data.copy_(ema)`, `vector_to_parameters` followed by in-place
+    updates of its buffer, collectives) do not bump the version counter: the cache serves the old
+    quantization until `clear_weight_cache()`, the documented remedy."""
+    model, (x, offs) = Experts("fp8_rowwise", "transposed", pass_route=False), _inputs()
+    before = _step(model, model.w, x, offs)
+    model.w.data.copy_(_weight("transposed", seed=5).data)
+    assert_bitwise_equal(_step(model, model.w, x, offs)[0], before[0])  # stale, as documented
+    mx.clear_weight_cache()
+    for got, ref in zip(_step(model, model.w, x, offs), _fresh(model, x, offs)):
+        assert_bitwise_equal(got, ref)
+
+
+def test_entries_are_dropped_with_their_parameter():
+    model, (x, offs) = Experts("fp8_rowwise", "transposed", pass_route=False), _inputs()
+    _step(model, model.w, x, offs)
+    assert weights.cached_bytes() > 0
     del model
     gc.collect()
-    _step(Experts(recipe, N=32), x, offs, cache=True)  # a new entry sweeps out the dead ones
-    assert len(weights._entries) == fills
+    assert weights.cached_bytes() == 0 and not weights._params
 
 
-def test_fsdp2_regathered_weights_follow_the_optimizer(tmp_path, quantizations, recipe):
+def test_threads_share_the_cache_safely():
+    """Four threads, each with fresh weights, some freed while others look up."""
+    x, offs = _inputs()
+    errors = []
+
+    def work(seed: int) -> None:
+        try:
+            for i in range(6):
+                w = _weight("transposed", seed=seed * 10 + i)
+                got = mx.grouped_mm(x, w.transpose(-2, -1), offs, recipe="fp8_rowwise", weight_cache=True)
+                want = mx.grouped_mm(x, w.transpose(-2, -1), offs, recipe="fp8_rowwise")
+                assert torch.equal(got, want)
+        except Exception as e:  # noqa: BLE001  (reported by the main thread)
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+def test_fsdp2_regathered_weights_follow_the_optimizer(tmp_path):
     """FSDP2 re-gathers a parameter with its version counter preserved: the cache must take the
     optimizer step's update, over steps of two microbatches each, exactly as the uncached run
     does."""
@@ -131,14 +270,16 @@ def test_fsdp2_regathered_weights_follow_the_optimizer(tmp_path, quantizations, 
     try:
         def train(cache: bool) -> list[torch.Tensor]:
             weights.clear_weight_cache()
-            model = Experts(recipe)
+            model = Experts("fp8_rowwise", "transposed", pass_route=False)
+            model.forward = lambda x, offs: mx.grouped_mm(x, model.w.transpose(-2, -1), offs, recipe="fp8_rowwise",
+                                                          weight_cache=cache)
             fully_shard(model)
             opt = torch.optim.SGD(model.parameters(), lr=0.5)
             outs = []
             for step in range(3):
                 for micro in range(2):
                     x, offs = _inputs(seed=10 * step + micro)
-                    out = model(x, offs, cache)
+                    out = model(x, offs)
                     out.float().square().mean().backward()
                     outs.append(out.detach())
                 opt.step()
@@ -152,50 +293,45 @@ def test_fsdp2_regathered_weights_follow_the_optimizer(tmp_path, quantizations, 
         dist.destroy_process_group()
 
 
-def test_a_refill_that_keeps_the_version_is_caught_by_the_next_optimizer_step(quantizations, recipe):
+def test_a_refill_that_keeps_the_version_is_caught_by_the_next_optimizer_step():
     """What FSDP2's all-gather does to an unsharded weight, done by hand: new values in the same
-    storage with the version counter preserved. The cache cannot see it (the case the FSDP2 test
-    above relies on the optimizer step for; whether FSDP2 reuses the address is up to the
-    allocator), and any optimizer's step clears it."""
-    model, (x, offs) = Experts(recipe), _inputs()
-    before = _step(model, x, offs, cache=True)
-    fills = len(quantizations)
-    with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(model.w_ENK):
-        model.w_ENK.mul_(-2)
-    for got, ref in zip(_step(model, x, offs, cache=True), before):
-        assert_bitwise_equal(got, ref)  # stale: same storage, pointer and version
+    storage with the version counter preserved. The cache cannot see it, and any optimizer's step
+    clears it."""
+    model, (x, offs) = Experts("fp8_rowwise", "transposed", pass_route=False), _inputs()
+    before = _step(model, model.w, x, offs)
+    with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(model.w):
+        model.w.mul_(-2)
+    assert_bitwise_equal(_step(model, model.w, x, offs)[0], before[0])  # stale: same storage and version
     torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))]).step()  # an unrelated optimizer
-    got = _step(model, x, offs, cache=True)
-    assert len(quantizations) == 2 * fills
-    for a, b in zip(got, _step(model, x, offs, cache=False)):
-        assert_bitwise_equal(a, b)
+    for got, ref in zip(_step(model, model.w, x, offs), _fresh(model, x, offs)):
+        assert_bitwise_equal(got, ref)
 
 
-def test_a_cache_past_its_share_of_device_memory_warns_once(quantizations, recipe, monkeypatch):
-    model, (x, offs) = Experts(recipe), _inputs()
+def test_a_cache_past_its_share_of_device_memory_warns_once(monkeypatch):
+    model, (x, offs) = Experts("fp8_rowwise", "transposed", pass_route=False), _inputs()
     monkeypatch.setattr(weights, "_warned", False)
     monkeypatch.setattr(weights, "_capacity", lambda device: 10**9)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        _step(model, x, offs, cache=True)  # a few KiB: no warning
+        _step(model, model.w, x, offs)  # a few KiB: no warning
     monkeypatch.setattr(weights, "_capacity", lambda device: weights.cached_bytes())
     weights.clear_weight_cache()
     with pytest.warns(UserWarning, match="weight_cache=False frees it"):
-        _step(model, x, offs, cache=True)
+        _step(model, model.w, x, offs)
     weights.clear_weight_cache()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        _step(model, x, offs, cache=True)  # once per process
+        _step(model, model.w, x, offs)  # once per process
 
 
-def test_without_the_cache_the_emulation_rounds_the_weight_slice_by_slice(monkeypatch):
-    """weight_cache=False: the rounded weight exists one slice of the GEMM's output columns at a
-    time, none over UNCACHED_SLICE_BYTES, with the same results as one whole rounding, eager and
-    under Inductor (whose graph calls the rounding at run time, so it is counted there)."""
-    E, N, K = 4, 384, 384
-    model = Experts("mxfp8", E, N, K)
+def test_the_emulation_rounds_the_weight_slice_by_slice(monkeypatch):
+    """The emulated MXFP8 weight exists one slice of the GEMM's output columns at a time, none
+    over WEIGHT_SLICE_BYTES, with the same results as one whole rounding, eager and under
+    Inductor (whose graph calls the rounding at run time, so it is counted there)."""
+    E_, N_, K_ = 4, 384, 384
     g = torch.Generator().manual_seed(2)
-    x, offs = torch.randn(sum(SIZES), K, generator=g).bfloat16(), make_offs(SIZES)
+    w = torch.nn.Parameter((torch.randn(E_, N_, K_, generator=g) * 0.05).bfloat16())
+    x, offs = torch.randn(sum(SIZES), K_, generator=g).bfloat16(), make_offs(SIZES)
     rounded = []  # shapes of the weights (3-D; the tokens are 2-D) rounded on the CPU path
     quantize_dequantize = reference.quantize_dequantize
 
@@ -204,16 +340,17 @@ def test_without_the_cache_the_emulation_rounds_the_weight_slice_by_slice(monkey
             rounded.append(tuple(x.shape))
         return quantize_dequantize(x, *args)
 
+    run = lambda x, offs: mx.grouped_mm(x, w.transpose(-2, -1), offs, recipe="mxfp8")
     monkeypatch.setattr(reference, "quantize_dequantize", counted)
-    want = _step(model, x, offs, cache=False)
-    assert sorted(rounded) == [(E, K, N)] * 2  # small enough for one slice per orientation
-    budget = 2 * E * K * N // 3
-    monkeypatch.setattr(mxfp8, "UNCACHED_SLICE_BYTES", budget)
-    for step in (model, torch.compile(model, fullgraph=True)):
+    want = _step(run, w, x, offs)
+    assert sorted(rounded) == [(E_, K_, N_)] * 2  # small enough for one slice per orientation
+    budget = 2 * E_ * K_ * N_ // 3
+    monkeypatch.setattr(mxfp8, "WEIGHT_SLICE_BYTES", budget)
+    for step in (run, torch.compile(run, fullgraph=True)):
         del rounded[:]
-        got = _step(step, x, offs, cache=False)
+        got = _step(step, w, x, offs)
         # forward: N in 3 slices of 128 columns; input gradient: K in 3
-        assert sorted(rounded) == [(E, 128, N)] * 3 + [(E, K, 128)] * 3
+        assert sorted(rounded) == [(E_, 128, N_)] * 3 + [(E_, K_, 128)] * 3
         assert all(2 * math.prod(shape) <= budget for shape in rounded)
         for a, b in zip(got, want):
             assert_bitwise_equal(a, b)
