@@ -65,8 +65,10 @@ def dense_problem(x: Any, w: Any, bias: Any, recipe: str, min_dim: int) -> str |
     for name, t in (("x", x), ("weight", w)):
         if t.dtype not in (torch.bfloat16, torch.float32):
             return f"{name} must be bf16 or fp32, got {t.dtype}"
-    if x.dtype != w.dtype or (isinstance(bias, torch.Tensor) and bias.dtype != w.dtype):
-        return f"x, weight and bias must share a dtype, got {x.dtype}, {w.dtype}"
+    if x.dtype != w.dtype:
+        return f"x and weight must share a dtype, got {x.dtype} and {w.dtype}"
+    if isinstance(bias, torch.Tensor) and bias.dtype != w.dtype:
+        return f"bias must have the weight's dtype {w.dtype}, got {bias.dtype}"
     N, K = w.shape
     if isinstance(K, torch.SymInt) or isinstance(N, torch.SymInt):
         return "symbolic K or N"

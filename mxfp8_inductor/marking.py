@@ -15,7 +15,8 @@ from .patterns import registry
 
 M = TypeVar("M", bound=torch.nn.Module)
 
-_SUBCLASSES: dict[tuple[type, frozenset[str]], type] = {}
+# (base class, options' key, parameter names kept bf16) -> guard subclass
+_SUBCLASSES: dict[tuple[type, str, frozenset[str]], type] = {}
 
 
 class _MarkedModule:
@@ -24,28 +25,57 @@ class _MarkedModule:
 
     def __reduce_ex__(self, protocol):
         _, _, *rest = super().__reduce_ex__(protocol)
-        return (_new_guarded, (self._mxfp8_base, self._mxfp8_kept_bf16), *rest)
+        return (_new_guarded, (self._mxfp8_base, self._mxfp8_kept_bf16, self._mxfp8_config_key), *rest)
 
     def __setstate__(self, state):
         super().__setstate__(state)
         registry.adopt(self)
 
 
-def _new_guarded(base: type, kept: frozenset[str]) -> Any:
-    cls = _guard_class(base, kept)
+def _new_guarded(base: type, kept: frozenset[str], config_key: str) -> Any:
+    cls = _guard_class(base, config_key, kept)
     return cls.__new__(cls)
 
 
-def _guard_class(cls: type, kept: frozenset[str]) -> type:
-    """A subclass of `cls` that Dynamo's type guards tell apart from `cls` and from other
-    decisions: per-block compile otherwise reuses one compiled graph for every instance of a
-    class, so one block's decision would apply to all (docs/design.md, "Caches")."""
-    key = (cls, kept)
+def _guard_class(cls: type, config_key: str, kept: frozenset[str]) -> type:
+    """A subclass of `cls` that Dynamo's type guards tell apart from `cls` and from other options
+    and decisions: Dynamo otherwise reuses one compiled graph for every instance of a class (per
+    model, and per block in a per-block compile), so one model's or block's options would apply to
+    all (docs/design.md, "Caches"). Keyed on `MXFP8Config.key()`: a filter_fn may be unhashable,
+    and what it decides is in `kept`."""
+    key = (cls, config_key, kept)
     if key not in _SUBCLASSES:
         attrs = {"__module__": cls.__module__, "__qualname__": cls.__qualname__,
-                 "_mxfp8_base": cls, "_mxfp8_kept_bf16": kept}
+                 "_mxfp8_base": cls, "_mxfp8_config_key": config_key, "_mxfp8_kept_bf16": kept}
         _SUBCLASSES[key] = type(cls.__name__, (_MarkedModule, cls), attrs)
     return _SUBCLASSES[key]
+
+
+def _decide(module: torch.nn.Module, fqn: str, config: MXFP8Config) -> tuple[bool, frozenset[str]]:
+    """(filtered, names of the 3-D parameters kept bf16) for an expert module."""
+    filtered = False
+    if config.filter_fn is not None:
+        keep = config.filter_fn(module, fqn)
+        if not isinstance(keep, bool):
+            raise ValueError(f"filter_fn must return a bool (True: rewrite the module), got {keep!r} for "
+                             f"{fqn or 'the model'} ({type(module).__name__})")
+        filtered = not keep
+    return filtered, frozenset(name for name, p in module.named_parameters(recurse=False) if p.dim() == 3 and (
+        filtered or not config.decide(fqn, f"{fqn}.{name}" if fqn else name)[0]))
+
+
+def _guarded_class(module: torch.nn.Module, fqn: str, config_key: str, kept: frozenset[str]) -> type:
+    """The class `module` takes when marked; raises ValueError where it cannot take one."""
+    base = getattr(type(module), "_mxfp8_base", None)
+    if base is None:
+        return _guard_class(type(module), config_key, kept)
+    if type(module) in _SUBCLASSES.values():
+        return _guard_class(base, config_key, kept)
+    if (type(module)._mxfp8_config_key, type(module)._mxfp8_kept_bf16) != (config_key, kept):
+        # a class made on top of ours (FSDP2's): its graphs cannot be told apart per options
+        raise ValueError(f"{fqn} was marked, then wrapped ({type(module).__name__}), then marked with other "
+                         "options: mark it once, before or after wrapping")
+    return type(module)
 
 
 def _mark(model: M, config: MXFP8Config) -> M:
@@ -56,24 +86,18 @@ def _mark(model: M, config: MXFP8Config) -> M:
                for name, p in module.named_parameters(recurse=False) if p.dim() == 3]
     for message in config.unmatched(experts):
         warnings.warn(f"{message} in {type(model).__name__}", stacklevel=3)
-    for module_fqn, module in model.named_modules():
-        params = dict(module.named_parameters(recurse=False))
-        if not any(p.dim() == 3 for p in params.values()):
-            continue
-        filtered = config.filter_fn is not None and not config.filter_fn(module, module_fqn)
-        kept = [name for name, p in params.items() if p.dim() == 3 and (
-            filtered or not config.decide(module_fqn, f"{module_fqn}.{name}" if module_fqn else name)[0])]
-        registry.mark(module, module_fqn, config, filtered)
-        base = getattr(type(module), "_mxfp8_base", None)
-        if base is None:
-            module.__class__ = _guard_class(type(module), frozenset(kept))
-        elif type(module) in _SUBCLASSES.values():
-            module.__class__ = _guard_class(base, frozenset(kept))
-        elif type(module)._mxfp8_kept_bf16 != frozenset(kept):
-            # a class made on top of ours (FSDP2's): its graphs cannot be told apart per decision
-            raise ValueError(f"{module_fqn} was marked, then wrapped ({type(module).__name__}), then marked "
-                             "with other include/exclude options: mark it once, before or after wrapping")
+    # everything that may raise (filter_fn, the checks, the pass's install) before the first mark,
+    # so that an error leaves the model as it was
+    key = config.key()
+    plans = []
+    for fqn, module in model.named_modules():
+        if any(p.dim() == 3 for p in module.parameters(recurse=False)):
+            filtered, kept = _decide(module, fqn, config)
+            plans.append((module, fqn, filtered, _guarded_class(module, fqn, key, kept)))
     install_marked_model_pass()
+    for module, fqn, filtered, cls in plans:
+        registry.mark(module, fqn, config, filtered)
+        module.__class__ = cls
     return model
 
 
@@ -86,7 +110,7 @@ def mxfp8(target: Any = None, /, config: MXFP8Config | None = None, **options: A
     FQNs are relative to the marked model, also when each block is compiled on its own. The mark
     survives deepcopy, pickling, `load_state_dict(assign=True)`, swapped tensors and FSDP2. Expert
     modules (those owning 3-D parameters) get a subclass of their class so compiled graphs are
-    not shared with unmarked models or other decisions.
+    not shared with unmarked models or models marked with other options or decisions.
     """
     if config is not None and options:
         raise ValueError("pass either an MXFP8Config or keyword options to mxfp8(), not both")

@@ -1,5 +1,5 @@
 """Options of the pass: the only place their allowed values are defined. A leaf module: it
-imports nothing from the package, so reading options registers no ops."""
+imports nothing from the package."""
 
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ TARGETS: tuple[str, ...] = get_args(Targets)
 # dense linears that stay bf16 unless an include pattern names them: the output projection and
 # MoE routers (torchao's and TorchTitan's float8 practice: precision-sensitive, little compute)
 DENSE_EXCLUDE = ("lm_head", "output", "*.gate", "*.router", "*.router.*")
-# dense linears with K or N below this stay bf16 with a fixed recipe: on the H200 a dense FP8
-# linear (its three GEMMs together) with K or N of 1024 or less loses to bf16 at every token count
-# calibrated (lowering/auto_h200.json); recipe="auto" decides per layer instead
+# dense linears with K or N below this stay bf16 under every recipe, "auto" included (its cost model
+# then decides the rest per layer): on the H200 a dense FP8 linear (its three GEMMs together) with
+# K or N of 1024 or less loses to bf16 at every token count calibrated (lowering/auto_h200.json)
 DENSE_MIN_DIM = 2048
 
 
@@ -71,8 +71,9 @@ class MXFP8Config:
       rule of both recipes). wgrad: "quantized" (the recipe's weight gradient) or "bf16".
     targets: "experts" (routed-expert grouped GEMMs) or "all" (dense linears on parameter weights
       too, except `DENSE_EXCLUDE` and layers with K or N below `dense_min_dim`).
-    weight_cache: keep each weight's FP8 operands from its first GEMM until it changes or an
-      optimizer steps (docs/design.md, "Weight cache").
+    weight_cache: reuse each weight's FP8 operands (fp8_rowwise and native MXFP8) across GEMMs and
+      microbatches until the parameter changes or an optimizer steps; off by default: it holds
+      them for the whole model until the step (docs/design.md, "Weight cache").
     filter_fn: `filter_fn(module, fqn) -> bool`, called on each expert module (one owning 3-D
       parameters) with its global FQN when a model is marked with `mxfp8()`; False keeps the
       module's sites in bf16. Marking only: the graph routes see no modules.
@@ -85,7 +86,7 @@ class MXFP8Config:
     wgrad: Wgrad = "quantized"
     targets: Targets = "experts"
     dense_min_dim: int = DENSE_MIN_DIM
-    weight_cache: bool = True
+    weight_cache: bool = False
     filter_fn: Callable[[Any, str], bool] | None = None
 
     def __post_init__(self) -> None:
@@ -93,9 +94,10 @@ class MXFP8Config:
         object.__setattr__(self, "exclude", _patterns(self.exclude, "exclude"))
         for field in ("recipe", "rounding", "wgrad", "targets"):
             check_choice(field, getattr(self, field))
-        if not isinstance(self.dense_min_dim, int) or self.dense_min_dim < 0:
+        # bool is an int subclass: dense_min_dim=True would read as 1
+        if type(self.dense_min_dim) is not int or self.dense_min_dim < 0:
             raise ValueError(f"dense_min_dim must be a non-negative int, got {self.dense_min_dim!r}")
-        if not isinstance(self.weight_cache, bool):
+        if type(self.weight_cache) is not bool:
             raise ValueError(f"weight_cache must be True or False, got {self.weight_cache!r}")
         if self.filter_fn is not None and not callable(self.filter_fn):
             raise ValueError(f"filter_fn must be a callable (module, fqn) -> bool, got {self.filter_fn!r}")

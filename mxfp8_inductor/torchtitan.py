@@ -77,7 +77,8 @@ class MXFP8InductorConverter(QuantizationConverter):
         """The weight gradient, one of `mxfp8_inductor.options.WGRADS`: the recipe's, or bf16."""
 
         weight_cache: bool = MXFP8Config.weight_cache
-        """Keep each weight's FP8 operands until it changes or an optimizer steps."""
+        """Reuse each weight's FP8 operands until its parameter changes or an optimizer steps (off by
+        default: it holds them for the whole model until the step)."""
 
     def __init__(self, config: Config) -> None:
         self.config = config

@@ -10,6 +10,7 @@ import torch
 from models import MoEModel
 
 import mxfp8_inductor as mx
+from mxfp8_inductor.patterns import registry
 
 
 def _model(**options):
@@ -140,3 +141,77 @@ def test_filter_fn_needs_the_marking_route(route):
             mx.inductor_options(**options)
         else:
             mx.explain(model, torch.randn(1, 8, 64, dtype=torch.bfloat16), options=options)
+
+
+def test_instances_marked_with_other_options_compile_their_own_graphs(monkeypatch):
+    """Two instances of one class, marked with other recipes: Dynamo must not serve the second
+    the graph (and so the options) of the first."""
+    import mxfp8_inductor.backend as backend
+    from mxfp8_inductor.explain import graph_code
+
+    graphs, original = [], backend.rewrite
+
+    def recording(gm, config):
+        rows = original(gm, config)
+        graphs.append(graph_code(gm))
+        return rows
+
+    monkeypatch.setattr(backend, "rewrite", recording)
+    torch.manual_seed(0)
+    a = mx.mxfp8(MoEModel(layers=1).bfloat16(), recipe="mxfp8")
+    b = mx.mxfp8(MoEModel(layers=1).bfloat16(), recipe="fp8_rowwise", weight_cache=False)
+    x = torch.randn(1, 8, 64, dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            torch.compile(a)(x)
+            torch.compile(b)(x)
+    finally:
+        torch._dynamo.reset()
+    assert len(graphs) == 2, "the second instance reused the first one's graph"
+    assert graphs[0].count("'mxfp8', 'mxfp8', 'mxfp8', 'rceil'") == 3 and "fp8_rowwise" not in graphs[0]
+    assert graphs[1].count("'fp8_rowwise', 'fp8_rowwise', 'fp8_rowwise', 'rceil'") == 3
+
+
+def test_guard_class_copies_keep_their_options():
+    """Copies rebuild the guard class of their own options, not of the kept parameters alone."""
+    torch.manual_seed(0)
+    a = mx.mxfp8(MoEModel(layers=1).bfloat16(), recipe="mxfp8")
+    b = mx.mxfp8(MoEModel(layers=1).bfloat16(), recipe="fp8_rowwise")
+    experts = [m.layers[0].moe.experts for m in (a, b)]
+    assert type(experts[0]) is not type(experts[1])
+    for e in experts:
+        assert type(copy.deepcopy(e)) is type(e) and type(pickle.loads(pickle.dumps(e))) is type(e)
+
+
+def _marks(model):
+    return [(type(m), registry.ATTR in m.__dict__) for m in model.modules()]
+
+
+def test_filter_fn_must_return_a_bool():
+    torch.manual_seed(0)
+    model = MoEModel(layers=2).bfloat16()
+    before = _marks(model)
+
+    def forgot_return(module, fqn):
+        fqn.startswith("layers.0.")
+
+    with pytest.raises(ValueError, match=r"filter_fn must return a bool.*got None for layers\.0\.moe\.experts"):
+        mx.mxfp8(model, filter_fn=forgot_return)
+    assert _marks(model) == before
+
+
+def test_a_filter_fn_that_raises_leaves_the_model_unmarked():
+    torch.manual_seed(0)
+    model = MoEModel(layers=2).bfloat16()
+    before = _marks(model)
+    assert not any(marked for _, marked in before)
+
+    def fails_on_layer_1(module, fqn):
+        if fqn.startswith("layers.1."):
+            raise KeyError(fqn)
+        return True
+
+    with pytest.raises(KeyError, match="layers.1.moe.experts"):
+        mx.mxfp8(model, filter_fn=fails_on_layer_1)
+    assert _marks(model) == before

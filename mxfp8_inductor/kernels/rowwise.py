@@ -12,6 +12,7 @@ decomposed under Inductor, the GPU quantizers (Inductor fuses them with their pr
 from __future__ import annotations
 
 import torch
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from .reference import (
     E4M3_MAX,
@@ -32,11 +33,21 @@ def _cast(x_fp32: torch.Tensor, biased: torch.Tensor) -> torch.Tensor:
     return (x_fp32 * inv_scale(biased)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
 
 
+def _empty(n: int | torch.SymInt) -> bool:
+    """Whether a size is 0 (no tokens, as on an expert-parallel rank that receives none). False
+    where tracing could tell only by guarding: Dynamo specializes sizes of 0, so a size that is
+    0 at run time is a plain int here."""
+    return guard_or_false(n == 0)
+
+
 def quantize_rows(x: torch.Tensor, dim: int, rounding: str = "rceil") -> tuple[torch.Tensor, torch.Tensor]:
-    """One scale per row along `dim`: (data float8 shaped like x, scales float32 without `dim`)."""
+    """One scale per row along `dim`: (data float8 shaped like x, scales float32 without `dim`).
+    Rows of no elements get the scale of zero rows (amax has no identity to reduce them with)."""
     check_float(x)
     xf = x.float()
-    biased = scale_exponent(xf.abs().amax(dim, keepdim=True), rounding)
+    ax = xf.abs()
+    amax = ax.sum(dim, keepdim=True) if _empty(x.shape[dim]) else ax.amax(dim, keepdim=True)  # sum: zeros
+    biased = scale_exponent(amax, rounding)
     return _cast(xf, biased), exponent_to_float(biased).squeeze(dim)
 
 
@@ -83,7 +94,10 @@ def quantize_groups(
     g = _group_ids(padded_ends, len(j)).clamp(max=G - 1)
     src = _starts(offs)[g] + j - _starts(padded_ends)[g]
     valid = (src < offs[g])[:, None]  # columns past padded_ends[g] map past the group's end
-    x_MpK = x_MK[src.clamp(0, M - 1)].float()
+    if _empty(M):  # every column is padding and there is no row to gather
+        x_MpK = x_MK.new_zeros(len(j), x_MK.shape[1], dtype=torch.float32)
+    else:
+        x_MpK = x_MK[src.clamp(0, M - 1)].float()
     data_MpK = torch.where(valid, _cast(x_MpK, biased_GK[g]).float(), 0.0).to(torch.float8_e4m3fn)
     return data_MpK.t().contiguous(), exponent_to_float(biased_GK), padded_ends
 

@@ -35,10 +35,43 @@ class Plan(NamedTuple):
     reasons: tuple[str, str, str]
 
 
+_ROW_KEYS = frozenset({"K", "N", "role", "recipe", "tokens", "ratio"})
+
+
 @functools.cache
 def table() -> dict:
-    """The calibration: {"grouped"|"dense": [{"K", "N", "role", "recipe", "tokens", "ratio"}]}."""
-    return json.loads(_DATA.read_text())
+    """The calibration: {"grouped"|"dense": [{"K", "N", "role", "recipe", "tokens", "ratio"}]}.
+
+    Raises RuntimeError naming the file if it is missing or malformed, checked once here so that
+    a broken install does not surface as a KeyError deep inside a compile."""
+    try:
+        data = json.loads(_DATA.read_text())
+    except (OSError, ValueError) as e:  # missing, unreadable, not JSON
+        problem = f"{type(e).__name__}: {e}"
+    else:
+        problem = _table_problem(data)
+    if problem:
+        raise RuntimeError(f"recipe='auto' cannot read its calibration {_DATA} ({problem}): reinstall "
+                           "mxfp8-inductor or regenerate it with `python benchmarks/calibrate_auto.py`")
+    return data
+
+
+def _table_problem(data: object) -> str | None:
+    """What is wrong with a loaded calibration's structure, or None."""
+    if not isinstance(data, dict):
+        return f"expected a JSON object, got {type(data).__name__}"
+    for kind in ("grouped", "dense"):
+        rows = data.get(kind)
+        if not isinstance(rows, list) or not rows:
+            return f"{kind!r} must be a non-empty list of rows"
+        for i, row in enumerate(rows):
+            missing = _ROW_KEYS - set(row) if isinstance(row, dict) else _ROW_KEYS
+            if missing:
+                return f"{kind}[{i}] lacks {sorted(missing)}"
+            tokens, ratios = row["tokens"], row["ratio"]
+            if not (isinstance(tokens, list) and isinstance(ratios, list) and len(tokens) == len(ratios) >= 1):
+                return f"{kind}[{i}]: tokens and ratio must be non-empty lists of equal length"
+    return None
 
 
 def _interp(xs: list[float], ys: list[float], x: float) -> float:
@@ -84,10 +117,15 @@ def _auto(M: int | None, K: int, N: int, E: int, dense: bool) -> Plan:
 
 
 def _uncalibrated(device: torch.device | None) -> str | None:
-    """Why the H200 table does not apply on this device, None where it does (compute capability
-    9.x, and CPU, which mirrors it so that tests see its choices)."""
-    if device is None or device.type != "cuda" or torch.version.hip is not None:
+    """The fixed recipe ("mxfp8" or "bf16") where the H200 table does not apply on this device,
+    None where it does (a CUDA GPU of compute capability 9.x, and CPU, which mirrors it so that
+    tests see its choices)."""
+    if device is None or device.type == "cpu":
         return None
+    # ROCm reports gfx9 parts as capability 9.x, but runs none of our FP8 GEMMs natively
+    # (lowering/rowwise.has_fp8_grouped_mm); other device types are not calibrated either
+    if device.type != "cuda" or torch.version.hip is not None:
+        return "bf16"
     major = torch.cuda.get_device_capability(device)[0]
     if major == 10:
         return "mxfp8"
@@ -99,7 +137,7 @@ def plan_for(recipe: str, wgrad: str, *, M: int | None, K: int, N: int, E: int, 
     """The recipe of each GEMM of one site: `recipe` for all three (the weight gradient in bf16
     with wgrad="bf16"), or with "auto" the cost model's choice for M token rows (None: unknown)
     on `device`: compute capability 10.x takes native MXFP8 everywhere (not calibrated here),
-    GPUs without FP8 tensor cores bf16."""
+    other GPUs (ROCm ones included) bf16."""
     fixed = _uncalibrated(device) if recipe == "auto" else None
     if fixed == "mxfp8" and K % MULTIPLE_OF["mxfp8"] == 0 and N % MULTIPLE_OF["mxfp8"] == 0:
         plan = Plan(("mxfp8",) * 3, ("compute capability 10.x: native MXFP8 (the cost model is Hopper's)",) * 3)

@@ -203,3 +203,38 @@ def test_triton_weight_quantizer_is_bit_exact(shape, rounding, layout):
     for a, w in zip(got, want):
         assert_bitwise_equal(a, w)
     assert want[0].shape == (shape[0], shape[2], shape[1]) and want[2].shape == shape
+
+
+def test_quantizers_take_zero_tokens():
+    """An expert-parallel rank may receive no tokens: empty operands, and rows of no elements
+    (the weight gradient's, along the tokens) scaled as zero rows."""
+    x, offs = torch.zeros(0, 48, dtype=torch.bfloat16), make_offs([0, 0, 0])
+    data, scale = rowwise.quantize_rows(x, -1)
+    assert data.shape == (0, 48) and scale.shape == (0,)
+    for t, dim in ((x, 0), (x.t(), -1)):
+        data, scale = rowwise.quantize_rows(t, dim)
+        assert data.shape == t.shape and scale.shape == (48,) and torch.all(scale == 2.0**-127)
+    assert torch.equal(rowwise.group_amax(x, offs), torch.zeros(3, 48))
+    data_KMp, scales_GK, pends = rowwise.quantize_groups(x, offs)
+    assert data_KMp.shape == (48, rowwise.padded_rows(0, 3)) and torch.all(data_KMp.view(torch.uint8) == 0)
+    assert torch.all(scales_GK == 2.0**-127) and pends.tolist() == [0, 0, 0]
+    assert rowwise.quantize_dequantize_groups(x, offs, rowwise.group_amax(x, offs)).shape == (0, 48)
+
+
+@pytest.mark.interpreter
+def test_triton_quantizers_take_zero_tokens():
+    x, offs = torch.zeros(0, 48, dtype=torch.bfloat16), make_offs([0, 0, 0])
+    assert_bitwise_equal(triton_rowwise.group_amax(x, offs), rowwise.group_amax(x, offs))
+    for a, b in zip(triton_rowwise.quantize_groups(x, offs), rowwise.quantize_groups(x, offs)):
+        assert_bitwise_equal(a, b)
+
+
+def test_fp8_rowwise_grouped_mm_takes_zero_tokens():
+    import mxfp8_inductor as mx
+
+    x = torch.zeros(0, 32, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(3, 48, 32, dtype=torch.bfloat16, requires_grad=True)
+    out = mx.grouped_mm(x, w.transpose(-2, -1), offs=make_offs([0, 0, 0]), recipe="fp8_rowwise")
+    assert out.shape == (0, 48)
+    out.sum().backward()
+    assert x.grad.shape == (0, 32) and w.grad.shape == w.shape and torch.all(w.grad == 0)

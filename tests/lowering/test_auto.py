@@ -1,5 +1,8 @@
 """recipe="auto": the cost model's choices, its data, and what the pass and explain() make of them."""
 
+import json
+import re
+
 import pytest
 import torch
 from models import MoEModel
@@ -73,7 +76,7 @@ def _explain_auto() -> tuple[mx.Report, str]:
 def test_pass_puts_each_roles_choice_in_the_op_and_the_report(table):
     table(0.5, 0.8, 1.3)
     report, code = _explain_auto()
-    assert code.count("'fp8_rowwise', 'fp8_rowwise', 'bf16', 'rceil', True)") == 3
+    assert code.count("'fp8_rowwise', 'fp8_rowwise', 'bf16', 'rceil'") == 3
     actions = {(s.role, s.action) for s in report.sites}
     assert actions == {("forward", "rewritten"), ("input-grad", "rewritten"), ("weight-grad", "kept bf16")}
     assert all("at 8 tokens per group" in s.reason for s in report.sites)
@@ -84,3 +87,48 @@ def test_where_fp8_loses_everywhere_the_site_stays_untouched(table):
     report, code = _explain_auto()
     assert "mxfp8.grouped_mm" not in code and code.count("torch._grouped_mm(") == 3
     assert {s.action for s in report.sites} == {"kept bf16"}
+
+
+@pytest.fixture
+def calibration_file(monkeypatch, tmp_path):
+    """Point `table()` at a temporary file, uncached before and after."""
+    path = tmp_path / "auto_h200.json"
+    monkeypatch.setattr(auto, "_DATA", path)
+    auto.table.cache_clear()
+    yield path
+    auto.table.cache_clear()
+
+
+@pytest.mark.parametrize("content, problem", [
+    (None, "FileNotFoundError"),
+    ("{not json", "JSONDecodeError"),
+    ('{"grouped": []}', "'grouped' must be a non-empty list"),
+    (json.dumps(_table(0.5, 0.5, 0.5) | {"dense": [{"K": 64, "N": 64}]}), r"dense\[0\] lacks \['ratio', 'recipe'"),
+    (json.dumps({"grouped": [{**_table(1, 1, 1)["grouped"][0], "ratio": [1.0]}], "dense": []}),
+     r"grouped\[0\]: tokens and ratio must be non-empty lists of equal length"),
+])
+def test_a_missing_or_malformed_calibration_names_the_file_and_the_fix(calibration_file, content, problem):
+    if content is not None:
+        calibration_file.write_text(content)
+    with pytest.raises(RuntimeError, match=rf"{re.escape(str(calibration_file))} \(.*{problem}.*reinstall .*"
+                                           r"python benchmarks/calibrate_auto\.py"):
+        auto.table()
+
+
+def test_a_valid_calibration_file_loads(calibration_file):
+    calibration_file.write_text(json.dumps(_table(0.5, 0.5, 0.5)))
+    assert auto.table() == _table(0.5, 0.5, 0.5)
+
+
+@pytest.mark.parametrize("hip, capability, uses_table", [
+    (None, (9, 0), True), ("6.4", (9, 4), False), (None, (8, 9), False), ("6.4", (10, 0), False),
+])
+def test_only_cuda_hopper_and_cpu_use_the_h200_table(table, monkeypatch, hip, capability, uses_table):
+    """ROCm reports its gfx9 GPUs as capability 9.x but runs none of our FP8 GEMMs: bf16 there."""
+    table(0.5, 0.5, 0.5)
+    monkeypatch.setattr(torch.version, "hip", hip)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    plan = auto.plan_for("auto", "quantized", M=256, K=64, N=128, E=8, dense=False, device=torch.device("cuda"))
+    assert plan.recipes == (("fp8_rowwise",) * 3 if uses_table else ("bf16",) * 3), plan
+    on_cpu = auto.plan_for("auto", "quantized", M=256, K=64, N=128, E=8, dense=False, device=torch.device("cpu"))
+    assert on_cpu.recipes == ("fp8_rowwise",) * 3
