@@ -63,6 +63,12 @@ class OpAtSites(TorchFunctionMode):
         super().__init__()
         self.config = config
         self.fqns = {p.untyped_storage().data_ptr(): name for name, p in model.named_parameters()}
+        # what the pass keeps bf16 as the output projection: weights tied to an input embedding,
+        # and the model's output embedding
+        heads = [m.weight for m in model.modules() if isinstance(m, torch.nn.Embedding)]
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        heads += [head.weight] if isinstance(getattr(head, "weight", None), torch.Tensor) else []
+        self.output_projections = {w.untyped_storage().data_ptr() for w in heads}
         self.calls = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -88,7 +94,10 @@ class OpAtSites(TorchFunctionMode):
     def _decide(self, b: torch.Tensor, dense: bool) -> bool:
         weight_fqn = self.fqns.get(b.untyped_storage().data_ptr())
         module_fqn = weight_fqn.rsplit(".", 1)[0] if weight_fqn and "." in weight_fqn else None
-        return self.config.decide(module_fqn, weight_fqn, dense)[0]
+        ok, reason = self.config.decide(module_fqn, weight_fqn, dense)
+        if dense and b.untyped_storage().data_ptr() in self.output_projections:
+            return ok and reason.startswith("included by")
+        return ok
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,15 +12,17 @@ import mxfp8_inductor as mx
 
 
 def _ops(report: mx.Report) -> str:
-    """The grouped-GEMM calls of the AOT forward/backward graphs, one per line, operands renamed."""
+    """The grouped-GEMM calls of the AOT forward/backward graphs, one per line, with their string
+    arguments (the recipe of each GEMM and the rounding); tensor operands left out."""
     lines = []
     for graph in report.aot_graphs:
         for line in graph.splitlines():
             if line.startswith("#"):
                 lines.append(line)
-            m = re.search(r"= (torch\.ops\.(?:mxfp8|aten)\.\w*grouped_mm\w*\.default)\(", line)
+            m = re.search(r"= (torch\.ops\.(?:mxfp8|aten)\.\w*grouped_mm\w*\.default)\((.*)", line)
             if m:
-                lines.append("    " + m.group(1).removeprefix("torch.ops."))
+                strings = re.findall(r"'(\w+)'", m.group(2).split(";")[0])
+                lines.append(" ".join(["   ", m.group(1).removeprefix("torch.ops."), *strings]))
     return "\n".join(lines)
 
 
@@ -37,16 +39,16 @@ class TestTorchTitanStyle(expecttest.TestCase):
         self.assertEqual(len(report.sites), 9)
         self.assertExpectedInline(_ops(report), """\
 # forward
-    mxfp8.grouped_mm.default
-    mxfp8.grouped_mm.default
-    mxfp8.grouped_mm.default
+    mxfp8.grouped_mm.default mxfp8 mxfp8 mxfp8 rceil
+    mxfp8.grouped_mm.default mxfp8 mxfp8 mxfp8 rceil
+    mxfp8.grouped_mm.default mxfp8 mxfp8 mxfp8 rceil
 # backward
-    mxfp8.grouped_mm_dgrad.default
-    mxfp8.grouped_mm_wgrad.default
-    mxfp8.grouped_mm_dgrad.default
-    mxfp8.grouped_mm_wgrad.default
-    mxfp8.grouped_mm_dgrad.default
-    mxfp8.grouped_mm_wgrad.default""")
+    mxfp8.grouped_mm_dgrad.default mxfp8 rceil
+    mxfp8.grouped_mm_wgrad.default mxfp8 rceil
+    mxfp8.grouped_mm_dgrad.default mxfp8 rceil
+    mxfp8.grouped_mm_wgrad.default mxfp8 rceil
+    mxfp8.grouped_mm_dgrad.default mxfp8 rceil
+    mxfp8.grouped_mm_wgrad.default mxfp8 rceil""")
         self.assertExpectedInline(str(report), """\
 module                weight                       role         action     reason                    
 --------------------  ---------------------------  -----------  ---------  --------------------------
@@ -131,9 +133,9 @@ def forward(self, L_self_modules_layers_modules_0_modules_norm_parameters_weight
         self.assertEqual({a for w, r, a in rows if w.startswith("layers.1.")}, {"excluded"})
         self.assertExpectedInline(_ops(report), """\
 # forward
-    mxfp8.grouped_mm.default
-    mxfp8.grouped_mm.default
-    mxfp8.grouped_mm.default
+    mxfp8.grouped_mm.default mxfp8 mxfp8 bf16 rceil
+    mxfp8.grouped_mm.default mxfp8 mxfp8 bf16 rceil
+    mxfp8.grouped_mm.default mxfp8 mxfp8 bf16 rceil
     aten._grouped_mm.default
     aten._grouped_mm.default
     aten._grouped_mm.default
@@ -144,12 +146,12 @@ def forward(self, L_self_modules_layers_modules_0_modules_norm_parameters_weight
     aten._grouped_mm.default
     aten._grouped_mm.default
     aten._grouped_mm.default
-    mxfp8.grouped_mm_dgrad.default
-    mxfp8.grouped_mm_wgrad.default
-    mxfp8.grouped_mm_dgrad.default
-    mxfp8.grouped_mm_wgrad.default
-    mxfp8.grouped_mm_dgrad.default
-    mxfp8.grouped_mm_wgrad.default""")
+    mxfp8.grouped_mm_dgrad.default mxfp8 rceil
+    mxfp8.grouped_mm_wgrad.default bf16 rceil
+    mxfp8.grouped_mm_dgrad.default mxfp8 rceil
+    mxfp8.grouped_mm_wgrad.default bf16 rceil
+    mxfp8.grouped_mm_dgrad.default mxfp8 rceil
+    mxfp8.grouped_mm_wgrad.default bf16 rceil""")
 
 
 class TestHFStyle(expecttest.TestCase):
@@ -162,13 +164,13 @@ class TestHFStyle(expecttest.TestCase):
             self.assertEqual([s.weight_fqn for s in report.sites[::3]], ["experts.gate_up_proj", "experts.down_proj"])
         self.assertExpectedInline(_ops(report), """\
 # forward
-    mxfp8.grouped_mm.default
-    mxfp8.grouped_mm.default
+    mxfp8.grouped_mm.default mxfp8 mxfp8 mxfp8 rceil
+    mxfp8.grouped_mm.default mxfp8 mxfp8 mxfp8 rceil
 # backward
-    mxfp8.grouped_mm_dgrad.default
-    mxfp8.grouped_mm_wgrad.default
-    mxfp8.grouped_mm_dgrad.default
-    mxfp8.grouped_mm_wgrad.default""")
+    mxfp8.grouped_mm_dgrad.default mxfp8 rceil
+    mxfp8.grouped_mm_wgrad.default mxfp8 rceil
+    mxfp8.grouped_mm_dgrad.default mxfp8 rceil
+    mxfp8.grouped_mm_wgrad.default mxfp8 rceil""")
 
 
 def test_gemms_without_gradient_are_reported_as_not_computed():

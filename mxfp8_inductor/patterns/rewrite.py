@@ -147,6 +147,8 @@ def rewrite(gm: torch.fx.GraphModule, config: MXFP8Config | None) -> list[SiteRe
             action, reason = "skipped", problem
         else:
             ok, reason = cfg.decide(site.module_fqn, site.weight_fqn, site.dense)
+            if ok and site.output_projection and not reason.startswith("included by"):
+                ok, reason = False, "kept bf16 by default (output projection: it computes the logits)"
             if ok and site.marked is not None and site.marked.filtered and cfg is site.marked.config:
                 ok, reason = False, "excluded by filter_fn"
             action = "rewritten" if ok else "excluded"

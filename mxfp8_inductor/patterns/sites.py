@@ -62,6 +62,9 @@ class Site:
     # the node in `gm` holding the parameter itself, when the weight operand is read from a plain
     # (not subclass) parameter of its dtype: what keys reuse of the weight's quantization
     param_node: torch.fx.Node | None = None
+    # a dense linear that computes the logits: its weight is tied to an input embedding, or it
+    # maps the embedding's width to its vocabulary and its output meets no other matmul
+    output_projection: bool = False
 
     def problem(self, config: MXFP8Config) -> str | None:
         """Why the config's op cannot run this call, None if it can."""
@@ -206,6 +209,48 @@ def _fqns(
     return module_fqn, weight_fqn, param, marked
 
 
+_EMBEDDINGS = {torch.nn.functional.embedding: 1, torch.embedding: 0}  # function -> weight position
+# calls past which a linear's output is no longer logits
+_MATMULS = {torch.matmul, torch.bmm, torch.mm, torch.nn.functional.scaled_dot_product_attention, torch.einsum,
+            *LINEAR_FUNCTIONS, *GROUPED_MM_FUNCTIONS}
+
+
+def _embeddings(gm: torch.fx.GraphModule, outer: dict[torch.fx.Node, Any]) -> list[torch.Tensor]:
+    """The weights of the input embeddings called in the graph."""
+    out = []
+    for node in gm.graph.nodes:
+        pos = _EMBEDDINGS.get(node.target) if node.op == "call_function" else None
+        if pos is not None and len(node.args) > pos:
+            src = _weight_source(node.args[pos], outer)
+            example = getattr(src.meta.get("grapharg"), "example", None) if src is not None else None
+            if isinstance(example, torch.Tensor) and example.dim() == 2:
+                out.append(example)
+    return out
+
+
+def _reaches_output_unmultiplied(node: torch.fx.Node) -> bool:
+    """Whether the node's value reaches the graph's output through no further matmul."""
+    seen, todo = set(), [node]
+    while todo:
+        n = todo.pop()
+        for user in n.users:
+            if user.op == "output":
+                return True
+            if user not in seen and not (user.op == "call_function" and user.target in _MATMULS):
+                seen.add(user)
+                todo.append(user)
+    return False
+
+
+def _is_output_projection(node: torch.fx.Node, param: torch.Tensor, embeddings: list[torch.Tensor]) -> bool:
+    for emb in embeddings:
+        if emb.untyped_storage().data_ptr() == param.untyped_storage().data_ptr():
+            return True  # tied to the input embedding
+        if tuple(param.shape) == tuple(emb.shape) and _reaches_output_unmultiplied(node):
+            return True  # hidden -> vocabulary, into the output
+    return False
+
+
 def _flat_nodes(args: Any) -> list[Any]:
     out = []
     for a in args:
@@ -220,6 +265,7 @@ def find_sites(
     (activation checkpointing wraps the MoE block in one), in graph order."""
     outer = outer or {}
     marks = registry.marked_params() if marks is None else marks
+    embeddings = _embeddings(gm, outer)
     sites = []
     for node in gm.graph.nodes:
         if node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator):
@@ -236,7 +282,8 @@ def find_sites(
             if param is not None:
                 sites.append(Site(gm, node, dense_args["a"], dense_args["b"], None, module_fqn, weight_fqn,
                                   param, marked, dense_args, dense=True,
-                                  param_node=_param_node(dense_args["b"], outer, param)))
+                                  param_node=_param_node(dense_args["b"], outer, param),
+                                  output_projection=_is_output_projection(node, param, embeddings)))
             continue
         if not is_grouped_mm(node):
             continue
