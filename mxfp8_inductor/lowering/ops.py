@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 
 import torch
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from ..eligibility import check_grouped_mm_args, check_linear_args
 from . import bf16, mxfp8, rowwise
@@ -84,6 +85,14 @@ def _(grad, a, offs, recipe, rounding):
     return grad.new_empty(offs.shape[0], a.shape[1], grad.shape[1])
 
 
+def _row_major(grad: torch.Tensor) -> torch.Tensor:
+    """The incoming gradient in row-major layout: it may be expanded (zero strides), which an
+    empty tensor keeps through `.contiguous()`."""
+    if guard_or_false(grad.numel() == 0):
+        return grad.new_empty(grad.shape)
+    return grad.contiguous()
+
+
 def _setup_context(ctx, inputs, output):
     a, b, offs, forward, dgrad, wgrad, rounding, param = inputs
     ctx.save_for_backward(a, b, offs, param)
@@ -92,7 +101,7 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad):
     a, b, offs, param = ctx.saved_tensors
-    grad = grad.contiguous()  # incoming gradients may be expanded (zero strides)
+    grad = _row_major(grad)
     da = db = None
     if ctx.needs_input_grad[0]:
         da = grouped_mm_dgrad_op(grad, b, offs, ctx.dgrad, ctx.rounding, param)
@@ -168,7 +177,7 @@ def _setup_linear(ctx, inputs, output):
 
 def _linear_backward(ctx, grad):
     x, w, param = ctx.saved_tensors
-    grad = grad.contiguous()
+    grad = _row_major(grad)
     dx = dw = None
     if ctx.needs_input_grad[0]:
         dx = linear_dgrad_op(grad, w, ctx.dgrad, ctx.rounding, param)
