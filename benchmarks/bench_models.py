@@ -6,8 +6,8 @@ run.
         [--depths 1,2] [--out benchmarks/results/models_h200.json]
     python benchmarks/bench_models.py --combine a.json b.json --out benchmarks/results/models_h200.json
 
-A variant is bf16 or a recipe, with "+all" for targets="all" (dense linears too) and "+nocache"
-for weight_cache=False; or "torchao", the anchor: torchao's FP8 rowwise MoE training under plain
+A variant is bf16 or a recipe, with "+all" for targets="all" (dense linears too) and "+cache"
+for weight_cache=True; or "torchao", the anchor: torchao's FP8 rowwise MoE training under plain
 torch.compile, with "+all" also torchao's float8 rowwise linears. On the TorchTitan models it is
 TorchTitan's float8 converters, as its trainer applies them (`build_titan`); on transformers
 models, torchao's grouped-GEMM weight wrapper on every expert module and its float8 linears on
@@ -58,6 +58,10 @@ MODELS = {
                                             shared_expert_intermediate_size=8192, num_experts=16,
                                             num_experts_per_tok=1, num_attention_heads=40, num_key_value_heads=8,
                                             norm_topk_prob=False), (4, 4096)),
+    # a fine-grained model of about 7B parameters that fits one GPU at full depth (--depths 16)
+    "fine64_7b": ("Qwen3MoeConfig", dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=1024,
+                                         num_experts=64, num_experts_per_tok=8, num_attention_heads=16,
+                                         num_key_value_heads=4, head_dim=128), (4, 2048)),
     # one rank's slice of DeepSeek-V3's 256 experts under 8-way expert parallelism
     "dsv3_ep8_slice": ("DeepseekV3Config", dict(hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
                                                 n_routed_experts=32, num_experts_per_tok=8, n_group=1, topk_group=1,
@@ -189,7 +193,7 @@ def worker(args: argparse.Namespace) -> dict:
         compiled = torch.compile(model)
     else:
         options = {"recipe": recipe, "targets": "all" if "all" in flags else "experts",
-                   "weight_cache": "nocache" not in flags}
+                   "weight_cache": "cache" in flags}
         compiled = torch.compile(model, backend="mxfp8", options=options)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=args.device == "cuda")
     g = torch.Generator(device=args.device).manual_seed(0)
@@ -235,8 +239,12 @@ RAISED = re.compile(r"[\w.]+(Error|Exception|Unsupported)\b")  # a traceback's e
 def summarize(runs: list[dict], depths: list[int]) -> list[dict]:
     """One row per model and variant: the deeper run's numbers and its per-layer and whole-step
     ratios to the bf16 runs of the same session (one invocation: variants side by side). Where
-    several sessions ran a variant, the last in `runs` gives its row."""
+    several sessions ran a variant, the last in `runs` gives its row. With one depth the
+    per-layer figures are the whole step's over the depth."""
     lo, hi = min(depths), max(depths)
+    if lo == hi:
+        lo = 0
+        runs = runs + [{**r, "depth": 0, "step_ms": 0.0} for r in runs if r["depth"] == hi]
     sessions: dict[tuple, dict[tuple[str, int], dict]] = {}
     for r in runs:
         sessions.setdefault((r.get("session"), r["model"]), {})[(r["variant"], r["depth"])] = r

@@ -1,11 +1,12 @@
 """Calibrate `recipe="auto"`: each GEMM role's time per recipe over bf16's, on this GPU.
 
-    python benchmarks/calibrate_auto.py [--out mxfp8_inductor/lowering/auto_h200.json] [--quick]
+    python benchmarks/calibrate_auto.py [--out mxfp8_inductor/lowering/auto_h200.json] [--quick] [--no-reuse]
 
 Every role (forward, input gradient, weight gradient) of the grouped GEMM op and of the dense
 linear op runs compiled (Inductor decomposes it as in a model, with the quantizers fused into
-their producers) at each calibrated (K, N) and token count, in bf16 and each recipe, the weight
-cache warm (a weight is quantized once per optimizer step, not per microbatch). The JSON is the
+their producers) at each calibrated (K, N) and token count, in bf16 and each recipe, the weight's
+quantization reused (as with weight_cache=True, once per optimizer step; --no-reuse: every GEMM
+quantizes its weight, the default of the ops). The JSON is the
 cost model's data (mxfp8_inductor/lowering/auto.py): per (kind, K, N, role, recipe), the token
 counts (tokens per group, or rows of a dense GEMM) and the time ratios to bf16.
 """
@@ -50,36 +51,38 @@ def _time(fn, args, iters: int) -> float:
 
 
 def _role_fns(recipe: str, dense: bool):
-    """Compiled callables per role, every size dynamic: one compile serves all shapes."""
+    """Compiled callables per role, every size dynamic: one compile serves all shapes. `p` is the
+    weight's parameter (its quantization reused) or None."""
     if dense:
         fns = {
-            "forward": lambda x, w: ops.linear_op(x, w, recipe, recipe, recipe, ROUNDING, True),
-            "input-grad": lambda g, w: ops.linear_dgrad_op(g, w, recipe, ROUNDING, True),
+            "forward": lambda x, w, p: ops.linear_op(x, w, recipe, recipe, recipe, ROUNDING, p),
+            "input-grad": lambda g, w, p: ops.linear_dgrad_op(g, w, recipe, ROUNDING, p),
             "weight-grad": lambda g, x: ops.linear_wgrad_op(g, x, recipe, ROUNDING),
         }
     else:
         fns = {
-            "forward": lambda a, b, offs: ops.grouped_mm_op(a, b, offs, recipe, recipe, recipe, ROUNDING, True),
-            "input-grad": lambda g, b, offs: ops.grouped_mm_dgrad_op(g, b, offs, recipe, ROUNDING, True),
+            "forward": lambda a, b, offs, p: ops.grouped_mm_op(a, b, offs, recipe, recipe, recipe, ROUNDING, p),
+            "input-grad": lambda g, b, offs, p: ops.grouped_mm_dgrad_op(g, b, offs, recipe, ROUNDING, p),
             # the call the op's backward makes for a weight stored [E, N, K] (lowering/ops.py)
             "weight-grad": lambda a, g, offs: ops.grouped_mm_wgrad_op(a, g, offs, recipe, ROUNDING),
         }
     return {role: torch.compile(fn, dynamic=True) for role, fn in fns.items()}  # one compile per role
 
 
-def _args(role: str, dense: bool, tokens: int, K: int, N: int, w: torch.Tensor):
+def _args(role: str, dense: bool, tokens: int, K: int, N: int, w: torch.Tensor, reuse: bool):
     dev = w.device
     M = tokens if dense else tokens * E
     x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
     g = torch.randn(M, N, device=dev, dtype=torch.bfloat16)
+    p = w if reuse else None
     if dense:
-        return {"forward": (x, w), "input-grad": (g, w), "weight-grad": (g, x)}[role]
+        return {"forward": (x, w, p), "input-grad": (g, w, p), "weight-grad": (g, x)}[role]
     offs = torch.arange(1, E + 1, device=dev, dtype=torch.int32) * tokens
     b_EKN = w.transpose(-2, -1)
-    return {"forward": (x, b_EKN, offs), "input-grad": (g, b_EKN, offs), "weight-grad": (x, g, offs)}[role]
+    return {"forward": (x, b_EKN, offs, p), "input-grad": (g, b_EKN, offs, p), "weight-grad": (x, g, offs)}[role]
 
 
-def calibrate(kind: str, shapes, tokens_grid, iters: int) -> list[dict]:
+def calibrate(kind: str, shapes, tokens_grid, iters: int, reuse: bool) -> list[dict]:
     dense = kind == "dense"
     rows = []
     fns = {r: _role_fns(r, dense) for r in RECIPES}
@@ -88,7 +91,7 @@ def calibrate(kind: str, shapes, tokens_grid, iters: int) -> list[dict]:
         ms = {(role, r): [] for role in ROLES for r in RECIPES}
         for tokens in tokens_grid:
             for role in ROLES:
-                args = _args(role, dense, tokens, K, N, w)
+                args = _args(role, dense, tokens, K, N, w, reuse)
                 for r in RECIPES:
                     ms[role, r].append(_time(fns[r][role], args, iters))
         for role in ROLES:
@@ -108,12 +111,14 @@ def main() -> None:
     p.add_argument("--out", default="mxfp8_inductor/lowering/auto_h200.json")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--quick", action="store_true", help="two shapes per kind, for a smoke run")
+    p.add_argument("--no-reuse", action="store_true", help="every GEMM quantizes its weight")
     args = p.parse_args()
     grouped, dense = (GROUPED[:2], DENSE[:2]) if args.quick else (GROUPED, DENSE)
     torch._dynamo.config.cache_size_limit = 64
     out = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, date=str(datetime.date.today()),
-               experts=E, grouped=calibrate("grouped", grouped, TOKENS_PER_GROUP, args.iters),
-               dense=calibrate("dense", dense, ROWS, args.iters))
+               experts=E, weight_reuse=not args.no_reuse,
+               grouped=calibrate("grouped", grouped, TOKENS_PER_GROUP, args.iters, not args.no_reuse),
+               dense=calibrate("dense", dense, ROWS, args.iters, not args.no_reuse))
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
     print("wrote", args.out)
