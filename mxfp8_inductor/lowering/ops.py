@@ -23,6 +23,7 @@ import functools
 
 import torch
 from torch.fx.experimental.symbolic_shapes import guard_or_false
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ..eligibility import check_grouped_mm_args, check_linear_args
 from . import bf16, mxfp8, rowwise
@@ -203,11 +204,11 @@ def register_decompositions() -> None:
 def parameter_of(w: torch.Tensor) -> torch.Tensor | None:
     """The tensor whose version counter keys reuse of `w`'s quantization when `w` is passed to the
     eager op: `w` itself if it is a leaf (a parameter), the leaf it views, else None (a weight
-    computed from others is quantized for each GEMM)."""
+    computed from others, or a DTensor's local shard, is quantized for each GEMM)."""
     if torch.compiler.is_compiling():
         return None  # a traced view's base is not a graph input here; the pass passes the parameter
     base = w._base if w._is_view() else w
-    return base if base.is_leaf else None
+    return base if base.is_leaf and not is_traceable_wrapper_subclass(base) else None
 
 
 def grouped_mm(
