@@ -39,8 +39,12 @@ _warned = False
 
 def clear_weight_cache() -> None:
     """Drop every reused quantized weight (the next GEMM of each weight quantizes it again)."""
+    global _params
     with _lock:
-        _params.clear()
+        held, _params = _params, {}
+    # freed outside the lock: an entry may hold the last reference to a parameter (an autograd
+    # graph), whose weak reference's callback takes the lock
+    del held
 
 
 def _on_optimizer_step(optimizer, args, kwargs) -> None:
