@@ -26,3 +26,27 @@ def assert_bitwise_equal(actual: torch.Tensor, expected: torch.Tensor) -> None:
 
 def make_offs(sizes: list[int], device: str = "cpu") -> torch.Tensor:
     return torch.tensor(sizes, dtype=torch.int32, device=device).cumsum(0).to(torch.int32)
+
+
+def pow2_scales(n: int, generator: torch.Generator, run: int = 1, lo: int = -10, hi: int = 10) -> torch.Tensor:
+    """n powers of two, equal within runs of `run` consecutive entries (run=32: one per MXFP8
+    block), their exponents spread evenly over lo..hi, both ends included, in random order: the
+    full range whatever the seed. Powers of two keep bf16 products exact, so only the quantizers
+    see the spread."""
+    runs = -(-n // run)
+    exps = torch.linspace(lo, hi, runs).round()[torch.randperm(runs, generator=generator)]
+    return (2.0**exps).repeat_interleave(run)[:n]
+
+
+def equalize_columns(ref: torch.Tensor, got: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """ref and got (2-D) with each column divided by ref's column norm, so that SQNR weighs every
+    column alike: an error confined to columns of small magnitude is no longer lost in the total."""
+    scale = ref.double().norm(dim=0, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
+    return ref.double() / scale, got.double() / scale
+
+
+def assert_sqnr_near(ref: torch.Tensor, got: torch.Tensor, expected_db: float, tol_db: float, what: str = "") -> None:
+    """SQNR(ref, got) within tol_db of the recipe's expected value. The lower side catches lost
+    accuracy; the upper side a GEMM left unquantized (inf dB) or quantized another way."""
+    db = sqnr(ref, got)
+    assert abs(db - expected_db) <= tol_db, f"{what}: SQNR {db:.2f} dB, expected {expected_db} +- {tol_db} dB"

@@ -1,9 +1,11 @@
 """H200 runs: Triton kernels bit-exact with the reference at large shapes; grouped_mm accuracy at
 the DESIGN §8 MoE sizes. Skipped without a CUDA GPU (CI is CPU-only)."""
 
+import functools
+
 import pytest
 import torch
-from helpers import assert_bitwise_equal, sqnr
+from helpers import assert_bitwise_equal, assert_sqnr_near, equalize_columns, pow2_scales, sqnr
 
 import mxfp8_inductor as mx
 from mxfp8_inductor.kernels import reference as ref
@@ -91,18 +93,50 @@ def test_h200_takes_the_triton_path():
     assert mx_lowering.gemm_path(torch.device("cuda"), 7168, 2048) == "emulated"
 
 
+@functools.cache
+def spread_moe_problem(shape: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Tokens [TOKENS, D], weight [E, F, D] and output gradient [TOKENS, F] of a MoE shape, bf16
+    on the CPU (a CPU run measures the same numbers), spread as test_ops._spread_problem spreads
+    its own: one power of two across 2^-10..2^10 per 32-column block of the tokens, divided out of
+    the weight's matching columns (every product keeps its size, each token row spans 2^20, which
+    fp8_rowwise's one scale per row cannot hold), one per weight column along D and one per token
+    row of the tokens and of the output gradient."""
+    E, D, F = SHAPES[shape]
+    g = torch.Generator().manual_seed(2)
+    block_D = pow2_scales(D, g, run=32)
+    a = torch.randn(TOKENS, D, generator=g) * pow2_scales(TOKENS, g)[:, None] * block_D
+    w = torch.randn(E, F, D, generator=g) * D**-0.5 * (pow2_scales(D, g) / block_D)
+    grad = torch.randn(TOKENS, F, generator=g) * pow2_scales(TOKENS, g)[:, None]
+    return a.bfloat16(), w.bfloat16(), grad.bfloat16()
+
+
+# SQNR (dB) against bf16 on spread_moe_problem of the output, the input gradient with its columns
+# equalized (test_ops.SPREAD_DB says why) and the weight gradient, by (shape, recipe): measured
+# on the CPU with the same data, its bf16 GEMMs done in fp32 and rounded to bf16 as the GPU's
+# are (the quantized operands are bit-exact with the GPU's, only the summation order differs).
+# fp8_rowwise's output sits 22-23 dB below mxfp8's.
+MOE_SHAPES_DB = {
+    ("dsv3", "mxfp8"): (28.5, 28.5, 28.5),
+    ("dsv3", "fp8_rowwise"): (5.6, 28.5, 28.5),
+    ("fine64", "mxfp8"): (28.5, 28.5, 28.5),
+    ("fine64", "fp8_rowwise"): (6.4, 28.5, 28.5),
+    ("l4scout", "mxfp8"): (28.5, 28.5, 28.5),
+    ("l4scout", "fp8_rowwise"): (5.7, 28.5, 28.5),
+    ("qwen3_30b", "mxfp8"): (28.5, 28.5, 28.5),
+    ("qwen3_30b", "fp8_rowwise"): (5.4, 28.5, 28.5),
+}
+GPU_TOL_DB = 1.5  # the summation order of cuBLAS and of the FP8 GEMMs, against the CPU's
+
+
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 @pytest.mark.parametrize("transposed", [True, False])
 @pytest.mark.parametrize("recipe", ["mxfp8", "fp8_rowwise"])
 def test_grouped_mm_sqnr_moe_shapes(shape, transposed, recipe):
     E, D, F = SHAPES[shape]
-    torch.manual_seed(2)
     offs = uneven_offs(E, TOKENS, seed=3)
-    a = torch.randn(TOKENS, D, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(E, F, D, device="cuda", dtype=torch.bfloat16) * D**-0.5
+    a, w, grad = (t.cuda() for t in spread_moe_problem(shape))
     if not transposed:
         w = w.transpose(-2, -1).contiguous()
-    grad = torch.randn(TOKENS, F, device="cuda", dtype=torch.bfloat16)
 
     def run(fn):
         a_ = a.clone().requires_grad_()
@@ -113,9 +147,10 @@ def test_grouped_mm_sqnr_moe_shapes(shape, transposed, recipe):
 
     out, da, dw = run(lambda a, b, offs: mx.grouped_mm(a, b, offs, recipe=recipe))
     out_r, da_r, dw_r = run(torch._grouped_mm)
-    assert sqnr(out_r, out) >= 27
-    assert sqnr(da_r, da) >= 25
-    assert sqnr(dw_r, dw) >= 24
+    expected = MOE_SHAPES_DB[shape, recipe]
+    assert_sqnr_near(out_r, out, expected[0], GPU_TOL_DB, "output")
+    assert_sqnr_near(*equalize_columns(da_r, da), expected[1], GPU_TOL_DB, "input gradient")
+    assert_sqnr_near(dw_r, dw, expected[2], GPU_TOL_DB, "weight gradient")
 
 
 @pytest.mark.parametrize("recipe", ["mxfp8", "fp8_rowwise"])

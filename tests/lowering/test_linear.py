@@ -3,22 +3,41 @@ excluded layers untouched, and the pass adding no error of its own."""
 
 import pytest
 import torch
-from helpers import sqnr
+from helpers import assert_sqnr_near, equalize_columns, pow2_scales
 from models import MoEModel
 
 import mxfp8_inductor as mx
 from mxfp8_inductor import check
 
+# SQNR (dB) against bf16 of the output, the input gradient with its columns equalized and the
+# weight gradient, measured on CPU. As in test_ops.SPREAD_DB: fp8_rowwise's output ~22 dB below
+# mxfp8's, floor's 1.9 dB below rceil's; the input gradient's small columns come from w's small
+# columns, which blocks along K (the wrong axis for the input gradient) ruin.
+LINEAR_DB = {
+    ("mxfp8", "rceil"): (28.7, 27.8, 28.5),
+    ("mxfp8", "floor"): (26.8, 26.9, 24.4),
+    ("fp8_rowwise", "rceil"): (6.4, 27.8, 28.5),
+    ("fp8_rowwise", "floor"): (6.6, 27.7, 26.9),
+}
+TOL_DB = 1.0  # seeded data, deterministic CPU kernels: room for another BLAS's summation order
 
+
+@pytest.mark.parametrize("rounding", ["rceil", "floor"])
 @pytest.mark.parametrize("recipe", ["mxfp8", "fp8_rowwise"])
-def test_linear_op_sqnr_vs_bf16(recipe):
-    """Output, input gradient and weight gradient against bf16 on random data, with a bias, a 3-D
-    input and a token count that is not a multiple of 32."""
-    torch.manual_seed(0)
-    x = torch.randn(4, 37, 256, dtype=torch.bfloat16, requires_grad=True)
-    w = (torch.randn(512, 256) * 256**-0.5).bfloat16().requires_grad_()
-    b = torch.randn(512, dtype=torch.bfloat16, requires_grad=True)
-    g = torch.randn(4, 37, 512, dtype=torch.bfloat16)
+def test_linear_op_sqnr_vs_bf16(recipe, rounding):
+    """Output, input gradient and weight gradient against bf16, with a bias, a 3-D input and a
+    token count that is not a multiple of 32, on magnitudes spread as in test_ops._spread_problem:
+    one power of two per 32-column block of x divided out of w's matching columns (every product
+    keeps its size, each token row spans 2^20), one per column of w, one per token row of x and
+    of the output gradient."""
+    gen = torch.Generator().manual_seed(0)
+    block_K = pow2_scales(256, gen, run=32)
+    x = torch.randn(4, 37, 256, generator=gen) * pow2_scales(4 * 37, gen).view(4, 37, 1) * block_K
+    w = torch.randn(512, 256, generator=gen) * 256**-0.5 * pow2_scales(256, gen) / block_K
+    b = torch.randn(512, generator=gen)
+    g = torch.randn(4, 37, 512, generator=gen) * pow2_scales(4 * 37, gen).view(4, 37, 1)
+    x, w, b = (t.bfloat16().requires_grad_() for t in (x, w, b))
+    g = g.bfloat16()
 
     def run(fn):
         out = fn(x, w, b)
@@ -28,10 +47,12 @@ def test_linear_op_sqnr_vs_bf16(recipe):
         return (out.detach(), *grads)
 
     ref = run(torch.nn.functional.linear)
-    out, dx, dw, db = run(lambda x, w, b: mx.linear(x, w, b, recipe=recipe))
-    assert sqnr(ref[0], out) >= 27 and sqnr(ref[1], dx) >= 25 and sqnr(ref[2], dw) >= 24
+    out, dx, dw, db = run(lambda x, w, b: mx.linear(x, w, b, recipe=recipe, rounding=rounding))
+    expected = LINEAR_DB[recipe, rounding]
+    assert_sqnr_near(ref[0], out, expected[0], TOL_DB, "output")
+    assert_sqnr_near(*equalize_columns(ref[1].flatten(0, 1), dx.flatten(0, 1)), expected[1], TOL_DB, "input gradient")
+    assert_sqnr_near(ref[2], dw, expected[2], TOL_DB, "weight gradient")
     assert torch.equal(ref[3], db)  # the bias gradient is a plain sum
-    assert not torch.equal(ref[0], out)
 
 
 def test_native_linear_runs_one_group_grouped_gemms_that_pass_torch_meta_checks(monkeypatch):
@@ -201,5 +222,8 @@ def test_dense_sites_compose_with_fsdp2_and_activation_checkpointing(tmp_path):
         torch._dynamo.reset()
     rewritten = {(r.weight_fqn.rsplit(".", 2)[-2], r.role) for r in rows if r.action == "rewritten"}
     assert rewritten == {(layer, role) for layer in ("up", "down") for role in ("forward", "input-grad", "weight-grad")}
-    assert all(sqnr(w, g) >= 24 for w, g in zip(want, got))
-    assert not all(torch.equal(w, g) for w, g in zip(want, got))
+    # measured on CPU: output 37.2 dB, gradients 26.1-27.1 dB; Gaussian data, on which the recipes
+    # agree (this test is about the composition, test_linear_op_sqnr_vs_bf16 about the recipes)
+    assert_sqnr_near(want[0], got[0], 37.2, TOL_DB, "output")
+    for name, w, g in zip(("up 0", "down 0", "up 1", "down 1"), want[1:], got[1:]):
+        assert_sqnr_near(w, g, 26.6, TOL_DB, f"{name} gradient")

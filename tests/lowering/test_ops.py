@@ -5,7 +5,7 @@ import functools
 
 import pytest
 import torch
-from helpers import assert_bitwise_equal, make_offs, sqnr
+from helpers import assert_bitwise_equal, assert_sqnr_near, equalize_columns, make_offs, pow2_scales
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import mxfp8_inductor as mx
@@ -38,6 +38,30 @@ def _problem(E, K=128, N=96, dtype=torch.bfloat16, transposed=True, seed=0, tail
     return a, w, b_of, offs, grad
 
 
+def _spread_problem(E: int, transposed: bool = True, dtype: torch.dtype = torch.bfloat16):
+    """_problem's tensors with magnitudes spread over 2^-10..2^10 by powers of two, where the
+    recipes differ (docs/design.md, "Numerics contract"). One exponent per 32-column block of the
+    tokens, divided out of the weight's matching rows: every product keeps its size while each
+    token row spans 2^20, which MXFP8's per-block scales hold and fp8_rowwise's one scale per row
+    cannot (it flushes the blocks far below the row's max). One exponent per weight row along K:
+    harmless where K is the contraction (the forward), ruinous for blocks along K where it is not
+    (the input gradient). One per token row of the tokens and of the output gradient. The values
+    do not depend on the weight's layout."""
+    K, N = 128, 96
+    g = torch.Generator().manual_seed(0)
+    offs = make_offs(GROUPS[E])
+    M = int(offs[-1]) + 5
+    block_K = pow2_scales(K, g, run=32)
+    a = torch.randn(M, K, generator=g) * pow2_scales(M, g)[:, None] * block_K
+    b_EKN = torch.randn(E, K, N, generator=g) * 0.05 * (pow2_scales(K, g) / block_K)[:, None]
+    grad = torch.randn(M, N, generator=g) * pow2_scales(M, g)[:, None]
+    if transposed:  # TorchTitan / HF Mixtral: [E, N, K] parameter passed as a transposed view
+        w, b_of = b_EKN.transpose(-2, -1).contiguous(), lambda w: w.transpose(-2, -1)
+    else:  # gpt-oss: a contiguous [E, K, N] parameter
+        w, b_of = b_EKN, lambda w: w
+    return a.to(dtype), w.to(dtype), b_of, offs, grad.to(dtype)
+
+
 def _run(fn, a, w, b_of, offs, grad):
     a = a.clone().requires_grad_()
     w = w.clone().requires_grad_()
@@ -50,21 +74,56 @@ def _bf16(a, b, offs):
     return torch._grouped_mm(a, b, offs)
 
 
+# SQNR (dB) against bf16 on _spread_problem, measured on CPU, by (E, recipe, rounding): output,
+# input gradient with its columns equalized, weight gradient. fp8_rowwise's output sits 23-26 dB
+# below mxfp8's (its one scale per token row flushes the blocks 2^20 below the row's max); floor
+# loses 1.6-2.8 dB on the output to rceil (block maxima past 448 saturate). The input gradient's
+# columns are equalized because the weight's rows along K differ by up to 2^20: blocks along K
+# for the input gradient (the wrong axis) ruin the small rows' columns (10-13 dB), which the plain
+# SQNR, made of the large columns, would not show.
+SPREAD_DB = {
+    (1, "mxfp8", "rceil"): (27.5, 27.6, 28.3),
+    (1, "mxfp8", "floor"): (25.0, 26.6, 24.3),
+    (1, "fp8_rowwise", "rceil"): (3.4, 27.6, 28.3),
+    (1, "fp8_rowwise", "floor"): (3.4, 27.4, 25.5),
+    (4, "mxfp8", "rceil"): (28.7, 27.7, 28.1),
+    (4, "mxfp8", "floor"): (25.9, 26.6, 26.9),
+    (4, "fp8_rowwise", "rceil"): (5.0, 27.7, 28.1),
+    (4, "fp8_rowwise", "floor"): (5.0, 27.2, 27.3),
+    (8, "mxfp8", "rceil"): (28.4, 28.1, 29.1),
+    (8, "mxfp8", "floor"): (26.3, 26.9, 26.0),
+    (8, "fp8_rowwise", "rceil"): (5.0, 28.1, 29.1),
+    (8, "fp8_rowwise", "floor"): (5.0, 27.8, 26.2),
+    (64, "mxfp8", "rceil"): (28.4, 28.5, 28.4),
+    (64, "mxfp8", "floor"): (26.8, 27.2, 25.2),
+    (64, "fp8_rowwise", "rceil"): (2.5, 28.5, 28.4),
+    (64, "fp8_rowwise", "floor"): (2.5, 27.8, 25.2),
+}
+# the data is seeded and the CPU kernels deterministic: 1 dB is room for another BLAS's summation
+# order, and keeps rceil and floor (at least 1.6 dB apart on each mxfp8 output) apart
+SPREAD_TOL_DB = 1.0
+
+
+def _assert_spread_sqnrs(ref: tuple[torch.Tensor, ...], got: tuple[torch.Tensor, ...], L: int,
+                         expected: tuple[float, float, float]) -> None:
+    """Output, equalized input gradient (rows below L) and weight gradient near their expected SQNRs."""
+    (out_r, da_r, dw_r), (out, da, dw) = ref, got
+    assert_sqnr_near(out_r[:L], out[:L], expected[0], SPREAD_TOL_DB, "output")
+    assert_sqnr_near(*equalize_columns(da_r[:L], da[:L]), expected[1], SPREAD_TOL_DB, "input gradient")
+    assert_sqnr_near(dw_r, dw, expected[2], SPREAD_TOL_DB, "weight gradient")
+
+
 @pytest.mark.parametrize("E", sorted(GROUPS))
 @pytest.mark.parametrize("rounding", ["rceil", "floor"])
 @pytest.mark.parametrize("transposed", [True, False])
 @pytest.mark.parametrize("recipe", ["mxfp8", "fp8_rowwise"])
 def test_sqnr_vs_bf16(E, rounding, transposed, recipe):
-    a, w, b_of, offs, grad = _problem(E, transposed=transposed)
-    L = int(offs[-1])
+    a, w, b_of, offs, grad = _spread_problem(E, transposed=transposed)
     fn = lambda a, b, o: mx.grouped_mm(a, b, o, recipe=recipe, rounding=rounding)  # noqa: E731
-    out, da, dw = _run(fn, a, w, b_of, offs, grad)
-    out_r, da_r, dw_r = _run(_bf16, a, w, b_of, offs, grad)
-    assert sqnr(out_r[:L], out[:L]) >= 27
-    assert sqnr(da_r[:L], da[:L]) >= 25
-    assert sqnr(dw_r, dw) >= 24
+    got = _run(fn, a, w, b_of, offs, grad)
+    _assert_spread_sqnrs(_run(_bf16, a, w, b_of, offs, grad), got, int(offs[-1]), SPREAD_DB[E, recipe, rounding])
     empty = torch.tensor(GROUPS[E]) == 0
-    assert torch.all(dw[empty] == 0)
+    assert torch.all(got[2][empty] == 0)
 
 
 @pytest.mark.parametrize("recipe", ["mxfp8", "fp8_rowwise"])
@@ -75,14 +134,18 @@ def test_wgrad_bf16_keeps_weight_gradient_exact(recipe):
     assert torch.equal(dw, dw_r)
 
 
+# fp32 inputs are quantized as they are, against the bf16 run on their bf16 casts: near the bf16
+# inputs' values (SPREAD_DB's E=4), fp8_rowwise's output again ~24 dB below mxfp8's
+FP32_SPREAD_DB = {"mxfp8": (28.7, 27.8, 28.1), "fp8_rowwise": (5.0, 27.8, 28.1)}
+
+
 @pytest.mark.parametrize("recipe", ["mxfp8", "fp8_rowwise"])
 def test_fp32_inputs(recipe):
-    a, w, b_of, offs, grad = _problem(4, dtype=torch.float32)
-    out, da, dw = _run(lambda a, b, o: mx.grouped_mm(a, b, o, recipe=recipe), a, w, b_of, offs, grad)
-    assert out.dtype == da.dtype == dw.dtype == torch.float32
-    out_r, da_r, dw_r = _run(_bf16, a.bfloat16(), w.bfloat16(), b_of, offs, grad.bfloat16())
-    L = int(offs[-1])
-    assert sqnr(out_r[:L], out[:L]) >= 27 and sqnr(da_r[:L], da[:L]) >= 25 and sqnr(dw_r, dw) >= 24
+    a, w, b_of, offs, grad = _spread_problem(4, dtype=torch.float32)
+    got = _run(lambda a, b, o: mx.grouped_mm(a, b, o, recipe=recipe), a, w, b_of, offs, grad)
+    assert got[0].dtype == got[1].dtype == got[2].dtype == torch.float32
+    ref = _run(_bf16, a.bfloat16(), w.bfloat16(), b_of, offs, grad.bfloat16())
+    _assert_spread_sqnrs(ref, got, int(offs[-1]), FP32_SPREAD_DB[recipe])
 
 
 @pytest.mark.interpreter
@@ -350,3 +413,15 @@ def test_bad_input_raises_value_error(over, match):
     args = _bad(**over)
     with pytest.raises(ValueError, match=match):
         mx.grouped_mm(args["a"], args["b"], args["offs"], **kwargs)
+
+
+@pytest.mark.parametrize("recipe", ["mxfp8", "fp8_rowwise"])
+def test_zero_tokens_give_empty_outputs_and_zero_weight_gradients(recipe):
+    """An expert-parallel rank that receives no tokens: the incoming gradient of the empty output
+    arrives expanded (zero strides), which the GEMMs do not take."""
+    w = torch.nn.Parameter(torch.randn(4, 64, 32).bfloat16())
+    x = torch.zeros(0, 32, dtype=torch.bfloat16, requires_grad=True)
+    out = mx.grouped_mm(x, w.transpose(-2, -1), torch.zeros(4, dtype=torch.int32), recipe=recipe)
+    out.sum().backward()
+    assert out.shape == (0, 64) and x.grad.shape == (0, 32)
+    assert_bitwise_equal(w.grad, torch.zeros_like(w))
