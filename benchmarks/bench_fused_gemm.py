@@ -32,7 +32,7 @@ from bench_moe_block import interleaved
 from shapes import SHAPES, TOKENS, block_and_inputs, require_gpu, uneven_counts
 from triton.testing import do_bench
 
-import mxfp8_inductor  # noqa: F401  (registers backend="mxfp8")
+from mxfp8_inductor import mxfp8_backend  # also where the package is on PYTHONPATH, not installed
 from mxfp8_inductor.check import sqnr
 from mxfp8_inductor.kernels import launch, triton_mx, triton_mx_gemm
 from mxfp8_inductor.lowering import mxfp8 as mx_lowering
@@ -154,7 +154,7 @@ def block_rows(shape: str, rounds: int) -> list[dict]:
         # a class per variant: Dynamo reuses one compiled frame for instances of a class compiled
         # with equal backend options, and FUSED is outside its guards
         mod.__class__ = type(f"{type(block).__name__}_{name}", (type(block),), {})
-        fn = torch.compile(mod) if name == "bf16" else torch.compile(mod, backend="mxfp8",
+        fn = torch.compile(mod) if name == "bf16" else torch.compile(mod, backend=mxfp8_backend,
                                                                     options={"recipe": "mxfp8"})
 
         def step(mod=mod, fn=fn, fused=name == "mxfp8_fused"):

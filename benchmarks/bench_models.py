@@ -177,7 +177,7 @@ def _torchao(model: torch.nn.Module, dense: bool) -> int:
 
 def worker(args: argparse.Namespace) -> dict:
     """One run, in this process."""
-    import mxfp8_inductor  # noqa: F401  (registers backend="mxfp8")
+    from mxfp8_inductor import mxfp8_backend  # also where the package is on PYTHONPATH, not installed
 
     torch.manual_seed(0)
     recipe, *flags = args.variant.split("+")
@@ -194,7 +194,7 @@ def worker(args: argparse.Namespace) -> dict:
     else:
         options = {"recipe": recipe, "targets": "all" if "all" in flags else "experts",
                    "weight_cache": "cache" in flags}
-        compiled = torch.compile(model, backend="mxfp8", options=options)
+        compiled = torch.compile(model, backend=mxfp8_backend, options=options)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=args.device == "cuda")
     g = torch.Generator(device=args.device).manual_seed(0)
     ids = [torch.randint(0, VOCAB, (batch, seq), device=args.device, generator=g) for _ in range(args.microbatches)]

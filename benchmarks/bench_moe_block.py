@@ -34,7 +34,7 @@ import triton
 from shapes import SHAPES, TOKENS, block_and_inputs, require_gpu, uneven_counts
 from triton.testing import do_bench
 
-import mxfp8_inductor  # noqa: F401  (registers backend="mxfp8")
+from mxfp8_inductor import mxfp8_backend  # also where the package is on PYTHONPATH, not installed
 from mxfp8_inductor.check import sqnr
 
 F8 = torch.float8_e4m3fn
@@ -46,7 +46,7 @@ def measure(shape: str, recipes: list[str], rounds: int) -> list[dict]:
     fns = {"bf16": (block, torch.compile(block))}
     for recipe in recipes:
         mod = copy.deepcopy(block)
-        fns[recipe] = (mod, torch.compile(mod, backend="mxfp8", options={"recipe": recipe}))
+        fns[recipe] = (mod, torch.compile(mod, backend=mxfp8_backend, options={"recipe": recipe}))
     results, steps = {}, {}
     for name, (mod, fn) in fns.items():
         def step(mod=mod, fn=fn):

@@ -16,7 +16,7 @@ import torch
 from shapes import SHAPES, block_and_inputs, require_gpu
 from torch.profiler import ProfilerActivity, profile
 
-import mxfp8_inductor  # noqa: F401  (registers backend="mxfp8")
+from mxfp8_inductor import mxfp8_backend  # also where the package is on PYTHONPATH, not installed
 
 
 def profile_block(shape: str, recipe: str, top: int) -> None:
@@ -25,7 +25,7 @@ def profile_block(shape: str, recipe: str, top: int) -> None:
     if recipe == "bf16":
         fn = torch.compile(block)
     else:
-        fn = torch.compile(block, backend="mxfp8", options={"recipe": recipe})
+        fn = torch.compile(block, backend=mxfp8_backend, options={"recipe": recipe})
 
     def step():
         fn(x, counts).backward(grad)

@@ -37,7 +37,7 @@ import tqdm
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.utils.checkpoint import checkpoint
 
-import mxfp8_inductor  # noqa: F401  (registers backend="mxfp8")
+from mxfp8_inductor import mxfp8_backend  # also where the package is on PYTHONPATH, not installed
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from moe_model import MoE  # noqa: E402
@@ -153,7 +153,7 @@ def compile_blocks(model: ByteMoELM, recipe: str) -> None:
         if recipe == "bf16":
             model.blocks[i] = torch.compile(block)
         else:
-            model.blocks[i] = torch.compile(block, backend="mxfp8", options=options)
+            model.blocks[i] = torch.compile(block, backend=mxfp8_backend, options=options)
 
 
 # ------------------------------------------------------------------------------------ training

@@ -9,7 +9,7 @@ from ._version import __version__, check_torch
 
 check_torch()
 
-from .backend import inductor_options, mxfp8_backend, register  # noqa: E402
+from .backend import inductor_options, mxfp8_backend  # noqa: E402
 from .explain import Report, explain  # noqa: E402
 from .kernels.mx import (  # noqa: E402
     dequantize,
@@ -19,12 +19,9 @@ from .kernels.mx import (  # noqa: E402
     to_blocked,
     to_blocked_groups,
 )
-from .lowering import clear_weight_cache, grouped_mm, linear, register_decompositions  # noqa: E402
+from .lowering import clear_weight_cache, grouped_mm, linear  # noqa: E402
 from .marking import mxfp8  # noqa: E402
 from .options import MXFP8Config  # noqa: E402
-
-register_decompositions()
-register()
 
 __all__ = [
     "__version__",

@@ -18,6 +18,7 @@ import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
 from .lowering import mxfp8 as mx_lowering
+from .lowering import register_decompositions
 from .options import MXFP8Config
 from .patterns.rewrite import SiteReport, rewrite
 
@@ -90,6 +91,7 @@ def mxfp8_backend(
     from torch._inductor import list_mode_options
     from torch._inductor.compile_fx import compile_fx
 
+    ensure_registered()
     config, patches = _split_options(options)
     config.check_graph_route("backend='mxfp8'")
     rewrite(gm, config)
@@ -111,6 +113,7 @@ def inductor_options(config: MXFP8Config | None = None, /, **options: Any) -> di
 
     Takes an `MXFP8Config` or its keys (include, exclude, recipe, rounding, wgrad).
     """
+    ensure_registered()
     config = MXFP8Config.from_options(config if config is not None else options)
     config.check_graph_route("inductor_options()")
     return {"pre_grad_custom_pass": PreGradRewrite(config), **_early_timing()}
@@ -118,6 +121,7 @@ def inductor_options(config: MXFP8Config | None = None, /, **options: Any) -> di
 
 def install_marked_model_pass() -> None:
     """Make the default backend rewrite the sites of marked models (once per process)."""
+    ensure_registered()
     cfg = torch._inductor.config
     current = cfg.pre_grad_custom_pass
     if isinstance(current, PreGradRewrite) and current.config is None:
@@ -132,8 +136,12 @@ def install_marked_model_pass() -> None:
         setattr(cfg, key, value)
 
 
-def register() -> None:
-    """Register the backend as "mxfp8" unless the installed entry point provides it (Dynamo loads
-    that lazily and would reject a second registration of the name)."""
+@functools.cache
+def ensure_registered() -> None:
+    """What the package adds to torch, once, on first use of an entry point (importing it adds
+    only the `torch.ops.mxfp8` op definitions): the ops' Inductor decompositions, and the backend
+    name "mxfp8" where no installed entry point provides it (Dynamo loads that one lazily and
+    rejects a second registration of the name)."""
+    register_decompositions()
     if "mxfp8" not in torch._dynamo.list_backends(exclude_tags=()):
         torch._dynamo.register_backend(name="mxfp8")(mxfp8_backend)

@@ -10,8 +10,9 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from . import marks
+from .backend import ensure_registered
 from .options import MXFP8Config
-from .patterns import registry
 from .patterns.rewrite import SiteReport, rewrite
 
 
@@ -70,8 +71,9 @@ def explain(
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
-    marks = registry.marked_params()
-    marked = any(registry.lookup(p, marks) is not None for p in model.parameters())
+    ensure_registered()
+    table = marks.marked_params()
+    marked = any(marks.lookup(p, table) is not None for p in model.parameters())
     config = MXFP8Config.from_options(options) if options is not None or not marked else None
     if config is not None:
         config.check_graph_route("explain(options=...)")

@@ -9,9 +9,9 @@ from typing import Any, TypeVar
 
 import torch
 
+from . import marks
 from .backend import install_marked_model_pass
 from .options import MXFP8Config
-from .patterns import registry
 
 M = TypeVar("M", bound=torch.nn.Module)
 
@@ -29,7 +29,7 @@ class _MarkedModule:
 
     def __setstate__(self, state):
         super().__setstate__(state)
-        registry.adopt(self)
+        marks.adopt(self)
 
 
 def _new_guarded(base: type, kept: frozenset[str], config_key: str) -> Any:
@@ -96,7 +96,7 @@ def _mark(model: M, config: MXFP8Config) -> M:
             plans.append((module, fqn, filtered, _guarded_class(module, fqn, key, kept)))
     install_marked_model_pass()
     for module, fqn, filtered, cls in plans:
-        registry.mark(module, fqn, config, filtered)
+        marks.mark(module, fqn, config, filtered)
         module.__class__ = cls
     return model
 

@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 
-from mxfp8_inductor import check
+from mxfp8_inductor import MXFP8Config, check
 from mxfp8_inductor.lowering import ops
 
 transformers = pytest.importorskip("transformers")
@@ -99,7 +99,7 @@ def test_a_pass_that_adds_error_fails_the_bar(monkeypatch):
 @pytest.mark.parametrize("model_type", check.transformers_families())
 def test_every_transformers_grouped_mm_family(model_type):
     model, inputs = _tiny(model_type)
-    probe = check.OpAtSites(check.MXFP8Config(), model)
+    probe = check.OpAtSites(MXFP8Config(), model)
     try:
         with probe, torch.no_grad():
             model.bfloat16()(*inputs)

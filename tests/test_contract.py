@@ -262,8 +262,9 @@ def test_wgrad_bf16_changes_only_the_weight_gradient():
 
 
 def test_rowwise_and_mxfp8_differ_only_on_rows_spanning_magnitudes():
-    """design.md: with power-of-two scales the recipes round alike unless a row spans values far
-    below its max (rowwise pushes them into e4m3 subnormals; MXFP8 scales each 32-block)."""
+    """docs/design.md, "Numerics contract": with power-of-two scales the recipes round alike unless
+    a row spans values far below its max (rowwise pushes them into e4m3 subnormals; MXFP8 scales
+    each 32-block)."""
     mxfp8, rowwise = (_grouped_results(dict(recipe=r)) for r in contract.RECIPES)
     assert all(_differ(m, r) for m, r in zip(mxfp8, rowwise))
     # magnitudes within 2^6 of each other everywhere, RCEIL: no subnormal, no saturation

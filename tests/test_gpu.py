@@ -1,5 +1,5 @@
 """H200 runs: Triton kernels bit-exact with the reference at large shapes; grouped_mm accuracy at
-the DESIGN §8 MoE sizes. Skipped without a CUDA GPU (CI is CPU-only)."""
+MoE expert sizes of real models. Skipped without a CUDA GPU (CI is CPU-only)."""
 
 import functools
 
@@ -14,7 +14,7 @@ from mxfp8_inductor.lowering import rowwise as rw_lowering
 
 pytestmark = pytest.mark.gpu
 
-# DESIGN §8: (E, D, F); 32768 routed tokens in uneven groups
+# (E, D, F) of DeepSeek-V3, Llama-4-Scout, Qwen3-30B-A3B and a 64-expert model; 32768 routed tokens in uneven groups
 SHAPES = {"dsv3": (8, 7168, 2048), "l4scout": (4, 5120, 8192), "qwen3_30b": (16, 2048, 768), "fine64": (64, 2048, 1536)}
 TOKENS = 32768
 

@@ -8,7 +8,7 @@ import pytest
 
 PACKAGE = pathlib.Path(__file__).parents[1] / "mxfp8_inductor"
 # a module may import modules of its own rank or lower
-RANK = {"options": 0, "eligibility": 1, "kernels": 2, "lowering": 3, "patterns": 4}
+RANK = {"options": 0, "marks": 0, "eligibility": 1, "kernels": 2, "lowering": 3, "patterns": 4}
 ENTRY = 5  # __init__, backend, marking, explain, check
 
 
@@ -42,8 +42,10 @@ def _imports(path: pathlib.Path) -> set[str]:
             else:
                 module = node.module or ""
             if module.startswith("mxfp8_inductor"):
-                found.add(module)
-                found |= {f"{module}.{a.name}" for a in node.names if _is_module(f"{module}.{a.name}")}
+                submodules = {f"{module}.{a.name}" for a in node.names if _is_module(f"{module}.{a.name}")}
+                # `from .. import marks` reads a module, not the package's own names
+                found |= submodules if node.module is None and len(submodules) == len(node.names) else {module}
+                found |= submodules
     return found
 
 

@@ -10,7 +10,7 @@ import torch
 from models import MoEModel
 
 import mxfp8_inductor as mx
-from mxfp8_inductor.patterns import registry
+from mxfp8_inductor import marks
 
 
 def _model(**options):
@@ -185,7 +185,7 @@ def test_guard_class_copies_keep_their_options():
 
 
 def _marks(model):
-    return [(type(m), registry.ATTR in m.__dict__) for m in model.modules()]
+    return [(type(m), marks.ATTR in m.__dict__) for m in model.modules()]
 
 
 def test_filter_fn_must_return_a_bool():

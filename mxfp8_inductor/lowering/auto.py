@@ -116,7 +116,7 @@ def _auto(M: int | None, K: int, N: int, E: int, dense: bool) -> Plan:
     return Plan(tuple(recipes), tuple(reasons))
 
 
-def _uncalibrated(device: torch.device | None) -> str | None:
+def _fixed_recipe(device: torch.device | None) -> str | None:
     """The fixed recipe ("mxfp8" or "bf16") where the H200 table does not apply on this device,
     None where it does (a CUDA GPU of compute capability 9.x, and CPU, which mirrors it so that
     tests see its choices)."""
@@ -138,7 +138,7 @@ def plan_for(recipe: str, wgrad: str, *, M: int | None, K: int, N: int, E: int, 
     with wgrad="bf16"), or with "auto" the cost model's choice for M token rows (None: unknown)
     on `device`: compute capability 10.x takes native MXFP8 everywhere (not calibrated here),
     other GPUs (ROCm ones included) bf16."""
-    fixed = _uncalibrated(device) if recipe == "auto" else None
+    fixed = _fixed_recipe(device) if recipe == "auto" else None
     if fixed == "mxfp8" and K % MULTIPLE_OF["mxfp8"] == 0 and N % MULTIPLE_OF["mxfp8"] == 0:
         plan = Plan(("mxfp8",) * 3, ("compute capability 10.x: native MXFP8 (the cost model is Hopper's)",) * 3)
     elif fixed is not None:

@@ -20,9 +20,9 @@ from ..kernels.mx import implementation
 from . import weights
 from .library import OUT_DTYPE, define, like
 
-# The fused kernels run 2.3-8.3x slower than the separate path on the H200 (docs/performance.md,
-# "Fused grouped GEMMs") and are unmeasured on 10.x: opt-in, for GPUs and Triton versions where
-# they win. Part of the compile caches' key (backend.py).
+# The fused kernels are slower than the separate path on the H200 (docs/performance.md, "Fused
+# grouped GEMMs") and unmeasured on 10.x: opt-in, for GPUs and Triton versions where they win.
+# Part of the compile caches' key (backend.py).
 FUSED = False
 
 

@@ -1,5 +1,5 @@
-"""The differentiable FP8 grouped GEMM: the `mxfp8::grouped_mm` custom op, its autograd, and the
-recipes it dispatches to.
+"""The differentiable FP8 GEMMs: the `mxfp8::grouped_mm` and `mxfp8::linear` custom ops, their
+autograd, and the recipes they dispatch to.
 
 out[M, N] = grouped_mm(a[M, K], b[E, K, N], offs) with each GEMM in its own recipe ("mxfp8",
 "fp8_rowwise" or "bf16": the op takes one per role), each operand scaled along the GEMM's
@@ -7,16 +7,8 @@ contraction (docs/design.md, "Numerics contract"):
   forward      a along K,        b along K
   input grad   dY along N,       b along N
   weight grad  dY and a along M, per token group
-A recipe is a module with `forward(a_MK, b_EKN, offs, rounding, param, decomposing)`,
-`dgrad(grad_MN, b_EKN, offs, rounding, param, decomposing)` and
-`wgrad(grad_MN, a_MK, offs, rounding, decomposing)`, each returning the GEMM's result
-(bf16), or NotImplemented when `decomposing` and the path must stay an opaque op under Inductor;
-`param` is the parameter the weight operand views, under whose version counter its
-quantization may be reused (lowering/weights.py; None: never). The same three for dense
-linears, `dense_forward(x_MK, w_NK, ...)`, `dense_dgrad(grad_MN, w_NK, ...)` and
-`dense_wgrad(grad_MN, x_MK, ...)`, serve `mxfp8::linear`.
+A recipe is a module implementing `lowering/recipe.py`'s `Recipe`.
 """
-
 from __future__ import annotations
 
 import functools
@@ -29,8 +21,9 @@ from ..eligibility import check_grouped_mm_args, check_linear_args
 from . import bf16, mxfp8, rowwise
 from .auto import plan_for
 from .library import LIB
+from .recipe import Recipe
 
-RECIPES = {"mxfp8": mxfp8, "fp8_rowwise": rowwise, "bf16": bf16}
+RECIPES: dict[str, Recipe] = {"mxfp8": mxfp8, "fp8_rowwise": rowwise, "bf16": bf16}
 
 
 def _result(out, like: torch.Tensor):
@@ -190,9 +183,11 @@ def _linear_backward(ctx, grad):
 linear_op.register_autograd(_linear_backward, setup_context=_setup_linear)
 
 
+@functools.cache
 def register_decompositions() -> None:
     """Let Inductor decompose the GEMM ops into their quantizers and GEMMs, so identical
-    quantizations (the tokens feeding w1 and w3) are computed once."""
+    quantizations (the tokens feeding w1 and w3) are computed once. Called on first use of an
+    entry point or an eager op, never on import."""
     from torch._inductor import decomposition
 
     for op, fn in ((grouped_mm_op, _forward), (grouped_mm_dgrad_op, _dgrad), (grouped_mm_wgrad_op, _wgrad),
@@ -232,6 +227,7 @@ def grouped_mm(
     `torch._grouped_mm`, output rows past offs[-1] are unspecified.
     """
     check_grouped_mm_args(a, b, offs, recipe, rounding, wgrad)
+    register_decompositions()  # a compiled caller's graph holds the op: Inductor must decompose it
     plan = plan_for(recipe, wgrad, M=a.shape[0], K=b.shape[-2], N=b.shape[-1], E=b.shape[0], dense=False,
                     device=a.device)
     return grouped_mm_op(a, b, offs, *plan.recipes, rounding, parameter_of(b) if weight_cache else None)
@@ -251,6 +247,7 @@ def linear(
     input-gradient and weight-gradient GEMMs in the recipe, each quantized along its own
     contraction (K, N, and the tokens); the other options as for `grouped_mm`."""
     check_linear_args(x, w, bias, recipe, rounding, wgrad)
+    register_decompositions()
     plan = plan_for(recipe, wgrad, M=x.numel() // x.shape[-1], K=w.shape[1], N=w.shape[0], E=1, dense=True,
                     device=x.device)
     return linear_body(x, w, bias, *plan.recipes, rounding, parameter_of(w) if weight_cache else None)

@@ -19,12 +19,12 @@ from .library import OUT_DTYPE, define
 
 def has_fp8_grouped_mm(device: torch.device) -> bool:
     """Whether torch's rowwise FP8 grouped GEMM is known to run here: compute capability 9.x.
-    Its CUTLASS kernel was built for sm_90 only until mid-2026 (pytorch/pytorch#188063) and traps
-    on sm_103 in some builds, so Blackwell takes the emulation (MXFP8 is its native recipe)."""
+    Its CUTLASS kernel is built for sm_90 only in some torch builds and traps on sm_103 in others
+    (pytorch/pytorch#188063), so Blackwell takes the emulation (MXFP8 is its native recipe)."""
     return device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device)[0] == 9
 
 
-def kernels(device: torch.device) -> types.ModuleType:
+def quantizers(device: torch.device) -> types.ModuleType:
     """The rowwise quantizers Inductor does badly (weight-gradient operands, both operands of a
     weight): Triton twins on GPUs, the pure-torch contract elsewhere."""
     if device.type == "cuda":
@@ -36,7 +36,7 @@ def kernels(device: torch.device) -> types.ModuleType:
 
 def _quantize_groups(x, offs, rounding):
     """Weight-gradient operand (see `rowwise.quantize_groups`)."""
-    return kernels(x.device).quantize_groups(x, offs, rounding)
+    return quantizers(x.device).quantize_groups(x, offs, rounding)
 
 
 def _quantize_groups_fake(x, offs, rounding):
@@ -54,7 +54,7 @@ quantize_groups_rowwise_op = define(
 
 def _group_amax(x, offs):
     """Per token group and column max |x| (`rowwise.group_amax`), in one read of x on GPUs."""
-    return kernels(x.device).group_amax(x, offs)
+    return quantizers(x.device).group_amax(x, offs)
 
 
 group_amax_op = define(
@@ -99,7 +99,7 @@ def _weight_operand(b_EKN: torch.Tensor, param: torch.Tensor, rounding: str, dgr
     the input gradient ([E, N, K] view, scales [E, K]); both come from one quantization of the
     weight, which the cache keeps for the other role and the next microbatches."""
     data_ENK, scales_EN, data_EKN, scales_EK = weights.quantized(
-        b_EKN, param, ("fp8_rowwise", rounding), lambda b: kernels(b.device).quantize_weight(b, rounding))
+        b_EKN, param, ("fp8_rowwise", rounding), lambda b: quantizers(b.device).quantize_weight(b, rounding))
     return (data_EKN.transpose(-2, -1), scales_EK) if dgrad else (data_ENK.transpose(-2, -1), scales_EN)
 
 

@@ -1,8 +1,22 @@
 """Decide each grouped-matmul site and rewrite the eligible ones into `mxfp8::grouped_mm`.
 
 The rewrite happens in the Dynamo graph, before AOTAutograd: the custom op carries its own
-autograd, so the forward, input-gradient and weight-gradient GEMMs all become MXFP8 ops, and the
+autograd, so the forward, input-gradient and weight-gradient GEMMs all become FP8 ops, and the
 rewritten graph text (op present or not, its options) is part of every compile cache key.
+
+Before (a routed-experts block as Dynamo captures it; the weight is a transposed parameter):
+
+    w1_ENK = self.experts.w1                          # placeholder, a Parameter [E, N, K]
+    w1_EKN = w1_ENK.transpose(-2, -1)
+    h_MN = torch._grouped_mm(x_MK, w1_EKN, offs=offs_E)
+
+After (one op per site; its backward computes the other two GEMMs, each in its own recipe):
+
+    h_MN = torch.ops.mxfp8.grouped_mm(x_MK, w1_EKN, offs_E,
+                                      "mxfp8", "mxfp8", "mxfp8",   # forward, input grad, weight grad
+                                      "rceil",                     # rounding
+                                      None)                        # the parameter keying reuse of
+                                                                   # w1's quantization (weight_cache)
 """
 
 from __future__ import annotations
@@ -13,15 +27,15 @@ import warnings
 
 import torch
 import torch.fx
+from torch._dynamo.utils import counters
 
-from ..lowering.auto import Plan, plan_for
-from ..lowering.ops import linear_body  # (importing it registers torch.ops.mxfp8)
+from ..lowering.auto import ROLES, Plan, plan_for
+from ..lowering.ops import linear_body, register_decompositions
 from ..options import MXFP8Config
 from .sites import Site, _val, find_sites
 
 log = logging.getLogger("mxfp8_inductor")
 
-ROLES = ("forward", "input-grad", "weight-grad")
 # set on grouped-matmul nodes already decided (kept in bf16), so a later pass leaves them alone
 DECIDED = "mxfp8_decided"
 
@@ -75,11 +89,6 @@ def _replace(site: Site, config: MXFP8Config, recipes: tuple[str, str, str],
     return new.name
 
 
-def _targets(site: Site, config: MXFP8Config | None) -> str:
-    cfg = config if config is not None else site.marked.config if site.marked is not None else None
-    return cfg.targets if cfg is not None else "experts"
-
-
 def _in_marked_module(site: Site) -> bool:
     stack = site.node.meta.get("nn_module_stack") or {}
     return any(hasattr(cls, "_mxfp8_base") for _, cls in stack.values() if isinstance(cls, type))
@@ -109,63 +118,75 @@ def _rows(site: Site, node_name: str, action: str, reason: str, config: MXFP8Con
     return rows
 
 
-def rewrite(gm: torch.fx.GraphModule, config: MXFP8Config | None) -> list[SiteReport]:
-    """Rewrite `gm` in place; returns one row per (site, role).
+def decide(config: MXFP8Config, module_fqn: str | None, weight_fqn: str | None, *, dense: bool,
+           output_projection: bool = False, filtered: bool = False) -> tuple[bool, str]:
+    """Whether a site that passes its checks is rewritten, and why: the include/exclude rule, then
+    the two defaults names cannot express (an output projection stays bf16 unless included by
+    name; a module `filter_fn` refused stays bf16)."""
+    ok, reason = config.decide(module_fqn, weight_fqn, dense)
+    if ok and output_projection and not reason.startswith("included by"):
+        return False, "kept bf16 by default (output projection: it computes the logits)"
+    if ok and filtered:
+        return False, "excluded by filter_fn"
+    return ok, reason
 
-    With `config=None` only sites whose weight belongs to a model marked with
-    `mxfp8_inductor.mxfp8` are touched, each with its model's options.
-    """
-    rows: list[SiteReport] = []
-    touched: dict[int, torch.fx.GraphModule] = {}
-    replaced: dict[torch.fx.Node, torch.fx.Node] = {}
-    sites = [s for s in find_sites(gm) if not s.dense or _targets(s, config) == "all"]
+
+def _action(site: Site, config: MXFP8Config) -> tuple[str, str]:
+    problem = site.problem(config)
+    if problem:
+        return "skipped", problem
+    filtered = site.marked is not None and site.marked.filtered and config is site.marked.config
+    ok, reason = decide(config, site.module_fqn, site.weight_fqn, dense=site.dense,
+                        output_projection=site.output_projection, filtered=filtered)
+    return ("rewritten" if ok else "excluded"), reason
+
+
+def _warn(sites: list[Site], config: MXFP8Config | None) -> None:
+    """Options that cannot do what the user meant on this graph."""
     if config is not None and sites:
         # FQNs here are relative to the compiled module: a per-block compile sees "moe.experts",
         # not "layers.0.moe.experts" (marking the model keeps them global)
         for message in config.unmatched((s.module_fqn, s.weight_fqn) for s in sites):
-            warnings.warn(f"{message} in the graph compiled here (FQNs relative to the compiled module)", stacklevel=2)
+            warnings.warn(f"{message} in the graph compiled here (FQNs relative to the compiled module)", stacklevel=3)
     marked_elsewhere = {s.marked.config for s in sites if s.marked is not None and config is not None} - {config}
     if marked_elsewhere:
         warnings.warn("this model was marked with mxfp8(...) options that differ from the ones the compile passes "
                       f"({sorted(c.key() for c in marked_elsewhere)} vs {config.key()}); the compile's options "
-                      "apply: compile a marked model with the default backend to use its own", stacklevel=2)
+                      "apply: compile a marked model with the default backend to use its own", stacklevel=3)
     if config is None and sites and not any(s.marked for s in sites) and any(map(_in_marked_module, sites)):
         warnings.warn("a marked model's grouped matmuls could not be matched to its parameters: they stay in bf16 "
-                      "(pass backend='mxfp8' with options to rewrite them regardless)", stacklevel=2)
+                      "(pass backend='mxfp8' with options to rewrite them regardless)", stacklevel=3)
+
+
+def rewrite(gm: torch.fx.GraphModule, config: MXFP8Config | None) -> list[SiteReport]:
+    """Rewrite `gm` in place; returns one row per (site, role).
+
+    With `config=None` only sites whose weight belongs to a model marked with
+    `mxfp8_inductor.mxfp8` are touched, each with its model's options (routed experts only).
+    """
+    register_decompositions()  # the graph may now hold the ops, which Inductor must decompose
+    sites = find_sites(gm, dense=config is not None and config.targets == "all")
+    _warn(sites, config)
+    rows: list[SiteReport] = []
+    touched: dict[int, torch.fx.GraphModule] = {}
+    replaced: dict[torch.fx.Node, torch.fx.Node] = {}
     for site in sites:
-        node = site.node
-        if node.meta.get(DECIDED):
+        cfg = config if config is not None else site.marked.config if site.marked is not None else None
+        if cfg is None or site.node.meta.get(DECIDED):
             continue
-        cfg = config
-        if cfg is None:
-            if site.marked is None:
-                continue
-            cfg = site.marked.config
-        problem = site.problem(cfg)
-        site_plan = None
-        if problem:
-            action, reason = "skipped", problem
+        action, reason = _action(site, cfg)
+        site_plan = plan(site, cfg) if action == "rewritten" else None
+        name = site.node.name
+        if site_plan is None or site_plan.recipes == ("bf16",) * 3:  # auto may find FP8 slower for all three
+            site.node.meta[DECIDED] = True
         else:
-            ok, reason = cfg.decide(site.module_fqn, site.weight_fqn, site.dense)
-            if ok and site.output_projection and not reason.startswith("included by"):
-                ok, reason = False, "kept bf16 by default (output projection: it computes the logits)"
-            if ok and site.marked is not None and site.marked.filtered and cfg is site.marked.config:
-                ok, reason = False, "excluded by filter_fn"
-            action = "rewritten" if ok else "excluded"
-        name = node.name
-        if action == "rewritten":
-            site_plan = plan(site, cfg)
-            if site_plan.recipes == ("bf16",) * 3:  # auto found FP8 slower for all three GEMMs
-                node.meta[DECIDED] = True
-            else:
-                name = _replace(site, cfg, site_plan.recipes, replaced)
-                touched[id(site.gm)] = site.gm
-        else:
-            node.meta[DECIDED] = True
+            name = _replace(site, cfg, site_plan.recipes, replaced)
+            touched[id(site.gm)] = site.gm
         rows += _rows(site, name, action, reason, cfg, site_plan)
     for module in touched.values():
         module.graph.lint()
         module.recompile()
     for r in rows:
+        counters["inductor"][f"mxfp8_{r.role}_{r.action}".replace(" ", "_").replace("-", "_")] += 1
         log.info("mxfp8: %s %s %s (%s): %s", r.role, r.action, r.weight_fqn or r.module_fqn, r.node, r.reason)
     return rows

@@ -16,9 +16,9 @@ import torch
 import torch.fx
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from .. import marks
 from ..eligibility import dense_problem, site_problem
 from ..options import MXFP8Config
-from . import registry
 
 _OP_NAMES = ("aten::_grouped_mm", "transformers::grouped_mm_fallback")
 GROUPED_MM_FUNCTIONS = tuple(
@@ -56,7 +56,7 @@ class Site:
     module_fqn: str | None
     weight_fqn: str | None
     param: torch.nn.Parameter | None
-    marked: registry.Marked | None  # the weight's mark, when its model was marked
+    marked: marks.Marked | None  # the weight's mark, when its model was marked
     args: dict[str, Any]  # the call's operands by role (grouped_mm_args)
     dense: bool = False
     # the node in `gm` holding the parameter itself, when the weight operand is read from a plain
@@ -181,10 +181,10 @@ def _stack_fqn(node: torch.fx.Node) -> str | None:
 
 
 def _fqns(
-    node: torch.fx.Node, b: Any, outer: dict[torch.fx.Node, Any], marks: dict
-) -> tuple[str | None, str | None, torch.nn.Parameter | None, registry.Marked | None]:
+    node: torch.fx.Node, b: Any, outer: dict[torch.fx.Node, Any], table: dict
+) -> tuple[str | None, str | None, torch.nn.Parameter | None, marks.Marked | None]:
     """(module FQN, weight FQN, parameter, mark): global when the model was marked, else relative
-    to the compiled module; `marks` is a `registry.marked_params()` snapshot."""
+    to the compiled module; `table` is a `marks.marked_params()` snapshot."""
     src = _weight_source(b, outer)
     param = None
     weight_fqn = None
@@ -197,7 +197,7 @@ def _fqns(
             weight_fqn = _source_fqn(grapharg.source.name)
     elif src is not None:
         weight_fqn = str(src.target)
-    marked = registry.lookup(param, marks) if param is not None else None
+    marked = marks.lookup(param, table) if param is not None else None
     if marked is not None:
         weight_fqn = marked.fqn
     if weight_fqn and "." in weight_fqn:
@@ -259,13 +259,15 @@ def _flat_nodes(args: Any) -> list[Any]:
 
 
 def find_sites(
-    gm: torch.fx.GraphModule, outer: dict[torch.fx.Node, Any] | None = None, marks: dict | None = None
+    gm: torch.fx.GraphModule, dense: bool = True, outer: dict[torch.fx.Node, Any] | None = None,
+    table: dict | None = None,
 ) -> list[Site]:
     """Every grouped matmul call in the graph and in the subgraphs of its higher-order ops
-    (activation checkpointing wraps the MoE block in one), in graph order."""
+    (activation checkpointing wraps the MoE block in one), in graph order; with `dense`, also
+    every linear on a parameter weight."""
     outer = outer or {}
-    marks = registry.marked_params() if marks is None else marks
-    embeddings = _embeddings(gm, outer)
+    table = marks.marked_params() if table is None else table
+    embeddings = _embeddings(gm, outer) if dense else []
     sites = []
     for node in gm.graph.nodes:
         if node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator):
@@ -275,10 +277,10 @@ def find_sites(
                 if isinstance(sub, torch.fx.GraphModule):
                     placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
                     operands = [a for a in args[i + 1:] if not (isinstance(a, torch.fx.Node) and a.op == "get_attr")]
-                    sites += find_sites(sub, {**outer, **dict(zip(placeholders, operands))}, marks)
-        if node.op == "call_function" and node.target in LINEAR_FUNCTIONS:
+                    sites += find_sites(sub, dense, {**outer, **dict(zip(placeholders, operands))}, table)
+        if dense and node.op == "call_function" and node.target in LINEAR_FUNCTIONS:
             dense_args = linear_args(node.args, node.kwargs)
-            module_fqn, weight_fqn, param, marked = _fqns(node, dense_args.get("b"), outer, marks)
+            module_fqn, weight_fqn, param, marked = _fqns(node, dense_args.get("b"), outer, table)
             if param is not None:
                 sites.append(Site(gm, node, dense_args["a"], dense_args["b"], None, module_fqn, weight_fqn,
                                   param, marked, dense_args, dense=True,
@@ -288,7 +290,7 @@ def find_sites(
         if not is_grouped_mm(node):
             continue
         args = grouped_mm_args(node.args, node.kwargs)
-        module_fqn, weight_fqn, param, marked = _fqns(node, args.get("b"), outer, marks)
+        module_fqn, weight_fqn, param, marked = _fqns(node, args.get("b"), outer, table)
         sites.append(Site(gm, node, args.get("a"), args.get("b"), args.get("offs"), module_fqn, weight_fqn,
                           param, marked, args, param_node=_param_node(args.get("b"), outer, param)))
     return sites

@@ -204,6 +204,8 @@ def test_inductor_sees_the_quantizers_and_computes_shared_ones_once():
     from torch._inductor.decomposition import select_decomp_table
     from torch.fx.experimental.proxy_tensor import make_fx
 
+    gm.register_decompositions()
+
     a, w, b_of, offs, grad = _problem(4, K=64, N=64, tail=0)
     w3 = w.clone()
 
@@ -307,6 +309,8 @@ def test_rowwise_forward_decomposes_to_fusible_ops_and_a_visible_fp8_gemm(monkey
     and input gradient only)."""
     from torch._inductor.decomposition import select_decomp_table
     from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm.register_decompositions()
 
     monkeypatch.setattr(rw_lowering, "has_fp8_grouped_mm", lambda device: True)
     with FakeTensorMode() as mode:

@@ -1,30 +1,11 @@
-"""Does the pass add error of its own on a model? Model-level equivalence with the op.
-
-    python -m mxfp8_inductor.check gpt_oss                    # a transformers model type, tiny
-    python -m mxfp8_inductor.check Qwen/Qwen3-30B-A3B         # a Hub id or folder with config.json
-    python -m mxfp8_inductor.check my_pkg.models:build        # build() -> (model, inputs)
-
-One forward and backward (loss: mean of the output squared) from the same weights, four ways:
-  pass       torch.compile with the pass (backend="mxfp8" and the options)
-  op         eager, with every grouped matmul the pass would rewrite replaced by
-             `mxfp8_inductor.grouped_mm` at the same call site
-  bf16 compiled, bf16 eager
-For the output and every parameter gradient the bar is
-  SQNR(bf16 compiled, pass) >= SQNR(bf16 eager, op) - 2 dB:
-the pass adds no error beyond MXFP8's own. Why the compiled runs emulate eager's bf16 rounding:
-docs/design.md, "Model-level equivalence".
-"""
+"""The equivalence harness: the same step run four ways (pass, eager op at the same sites, bf16
+compiled, bf16 eager) and one table per recipe (docs/design.md, "Model-level equivalence")."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import dataclasses
-import importlib
-import math
-import pathlib
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -32,27 +13,20 @@ import torch
 import torch.utils._pytree as pytree
 from torch.overrides import TorchFunctionMode
 
-from .backend import mxfp8_backend
-from .eligibility import dense_problem
-from .lowering import grouped_mm, linear
-from .options import MXFP8Config
-from .patterns.rewrite import rewrite
-from .patterns.sites import GROUPED_MM_FUNCTIONS, LINEAR_FUNCTIONS, grouped_mm_args, linear_args, problem
+from ..backend import ensure_registered, mxfp8_backend
+from ..eligibility import dense_problem
+from ..lowering import grouped_mm, linear
+from ..options import MXFP8Config
+from ..patterns.rewrite import decide, rewrite
+from ..patterns.sites import GROUPED_MM_FUNCTIONS, LINEAR_FUNCTIONS, grouped_mm_args, linear_args, problem
+from .metrics import sqnr
 
 BAR_DB = 2.0
 
 
-def sqnr(ref: torch.Tensor, x: torch.Tensor) -> float:
-    """Signal-to-quantization-noise ratio of x against ref in dB (inf when equal)."""
-    ref, x = ref.double(), x.double()
-    noise = (ref - x).norm()
-    if noise == 0:
-        return math.inf
-    return (20 * torch.log10(ref.norm() / noise)).item()
-
-
 class OpAtSites(TorchFunctionMode):
-    """Eager grouped matmuls that the pass would rewrite go to `mxfp8_inductor.grouped_mm`.
+    """Eager grouped matmuls (and, with targets="all", linears) that the pass would rewrite go to
+    `mxfp8_inductor.grouped_mm` (`linear`).
 
     Same eligibility rule and include/exclude decision as the pass; a weight's FQN is the name of
     the parameter whose storage it views. `calls` counts the replaced calls.
@@ -93,10 +67,8 @@ class OpAtSites(TorchFunctionMode):
     def _decide(self, b: torch.Tensor, dense: bool) -> bool:
         weight_fqn = self.fqns.get(b.untyped_storage().data_ptr())
         module_fqn = weight_fqn.rsplit(".", 1)[0] if weight_fqn and "." in weight_fqn else None
-        ok, reason = self.config.decide(module_fqn, weight_fqn, dense)
-        if dense and b.untyped_storage().data_ptr() in self.output_projections:
-            return ok and reason.startswith("included by")
-        return ok
+        output_projection = dense and b.untyped_storage().data_ptr() in self.output_projections
+        return decide(self.config, module_fqn, weight_fqn, dense=dense, output_projection=output_projection)[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,6 +147,7 @@ def compare(
     the ops' Inductor decompositions, the partitioner) without Inductor's code generation: seconds
     instead of a minute per model on a CPU.
     """
+    ensure_registered()
     model = copy.deepcopy(model).eval()
     eager_model = copy.deepcopy(model)
     bf16_eager = _step(eager_model, eager_model, inputs)
@@ -205,7 +178,8 @@ def _table(bf16_compiled, passed, bf16_eager, op) -> list[Row]:
     into one row: a vector's gradient is a sum over every token, so single rounding events upstream
     swing its SQNR by dB either way and it does not measure an error level."""
     vectors = [n for n, t in bf16_eager.items() if n != "output" and t.dim() < 2]
-    rows = [Row(n, sqnr(bf16_compiled[n], passed[n]), sqnr(bf16_eager[n], op[n])) for n in bf16_eager if n not in vectors]
+    rows = [Row(n, sqnr(bf16_compiled[n], passed[n]), sqnr(bf16_eager[n], op[n]))
+            for n in bf16_eager if n not in vectors]
     if vectors:
         def cat(run):
             return torch.cat([run[n].flatten() for n in vectors])
@@ -225,117 +199,3 @@ def _compiled(model: torch.nn.Module, inputs: Sequence[Any], backend: Any) -> di
             return _step(m, torch.compile(m, backend=backend), inputs)
     finally:
         torch._dynamo.reset()
-
-
-# ------------------------------------------------------------------------------------------
-# transformers models
-
-TINY = {
-    "vocab_size": 128, "hidden_size": 64, "intermediate_size": 64, "moe_intermediate_size": 64,
-    "shared_expert_intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 4, "head_dim": 16, "max_position_embeddings": 64, "num_experts": 8,
-    "num_local_experts": 8, "n_routed_experts": 8, "num_experts_per_tok": 2, "first_k_dense_replace": 0,
-    "n_group": 1, "topk_group": 1, "q_lora_rank": 32, "kv_lora_rank": 32, "qk_rope_head_dim": 16,
-    "qk_nope_head_dim": 16, "v_head_dim": 16, "decoder_sparse_step": 1, "sliding_window": 16,
-}
-
-
-def transformers_families() -> list[str]:
-    """One model type per transformers family whose experts take the `grouped_mm` implementation
-    (its modeling module decorates them with `use_experts_implementation`): the family's causal
-    LM if it has one, else its base model."""
-    import transformers
-    from transformers.models.auto import modeling_auto
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES, model_type_to_module_name
-
-    root = pathlib.Path(transformers.__file__).parent / "models"
-    folders = {p.parent.name for p in root.glob("*/modeling_*.py") if "@use_experts_implementation" in p.read_text()}
-    by_folder: dict[str, str] = {}
-    towers = ("vision", "audio", "encoder")
-    for heads in (modeling_auto.MODEL_MAPPING_NAMES, modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
-        for t in CONFIG_MAPPING_NAMES:
-            if t in heads and model_type_to_module_name(t) in folders and not any(w in t for w in towers):
-                by_folder[model_type_to_module_name(t)] = t
-    return sorted(by_folder.values())
-
-
-def tiny_config(config: Any, overrides: dict[str, Any] = TINY) -> Any:
-    """`config` rebuilt by its own class with its size knobs set to `overrides` (where it has the
-    knob, as an int), its per-layer lists cut to the new depth and token ids kept in the vocabulary."""
-    values = config.to_dict()
-    for derived in ("model_type", "transformers_version", "architectures"):
-        values.pop(derived, None)
-    depth, layers = values.get("num_hidden_layers"), overrides["num_hidden_layers"]
-    for key, value in list(values.items()):
-        if key in overrides and (value is None or isinstance(value, int) and not isinstance(value, bool)):
-            values[key] = overrides[key]
-        elif isinstance(value, list) and depth and len(value) == depth:
-            values[key] = value[:layers]
-        elif isinstance(value, dict) and depth and value and all(str(k).isdigit() for k in value):
-            values[key] = {k: v for k, v in value.items() if int(k) < layers}
-    for key, value in values.items():
-        if key.endswith("_token_id") and isinstance(value, int) and value >= overrides["vocab_size"]:
-            values[key] = 0
-    if "use_cache" in values:  # a training step: no generation cache (hybrid models need attention layers for one)
-        values["use_cache"] = False
-    return type(config)(**values)
-
-
-def text_config(name: str):
-    """The text-model config of a transformers model type, Hub id or config folder."""
-    import transformers
-
-    if name in transformers.CONFIG_MAPPING:
-        config = transformers.CONFIG_MAPPING[name]()
-    else:
-        config = transformers.AutoConfig.from_pretrained(name)
-    return config.get_text_config()
-
-
-def transformers_model(name: str, tiny: bool = True) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
-    """A causal LM (or base model) of a model type, Hub id or config folder, random init, with
-    2 x 16 token ids as input."""
-    import transformers
-
-    config = text_config(name)
-    if tiny:
-        config = tiny_config(config)
-    try:
-        model = transformers.AutoModelForCausalLM.from_config(config)
-    except ValueError:  # no causal-LM head registered for this type
-        model = transformers.AutoModel.from_config(config)
-    ids = torch.randint(0, config.vocab_size, (2, 16))
-    return model, (ids,)
-
-
-def _load(spec: str, tiny: bool) -> tuple[torch.nn.Module, tuple[Any, ...]]:
-    if ":" in spec and not pathlib.Path(spec).exists():
-        module, fn = spec.split(":", 1)
-        model, inputs = getattr(importlib.import_module(module), fn)()
-        return model, tuple(inputs)
-    return transformers_model(spec, tiny)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mxfp8_inductor.check", description=__doc__.split("\n\n")[0])
-    p.add_argument("model", help="transformers model type, Hub id or config folder; "
-                                 "or module:fn returning (model, inputs)")
-    p.add_argument("--recipe", default="mxfp8,fp8_rowwise", help="comma-separated recipes (default: both)")
-    p.add_argument("--exclude", action="append", default=[], help="FQN glob to keep in bf16 (repeatable)")
-    p.add_argument("--include", action="append", default=[], help="FQN glob to rewrite (repeatable)")
-    p.add_argument("--full-size", action="store_true", help="keep a transformers config's own sizes")
-    p.add_argument("--device", default="cpu", help="device to run on (cuda runs the GPU kernels)")
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
-    torch.manual_seed(args.seed)
-    model, inputs = _load(args.model, tiny=not args.full_size)
-    model = model.to(args.device, torch.bfloat16)
-    inputs = pytree.tree_map(lambda t: t.to(args.device) if isinstance(t, torch.Tensor) else t, inputs)
-    results = compare(model, inputs, args.recipe.split(","), exclude=args.exclude, include=args.include)
-    for result in results:
-        print(result, end="\n\n")
-    return int(not all(r.passed for r in results))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

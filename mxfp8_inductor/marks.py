@@ -15,7 +15,7 @@ import weakref
 
 import torch
 
-from ..options import MXFP8Config
+from .options import MXFP8Config
 
 ATTR = "_mxfp8_mark"
 
