@@ -95,6 +95,10 @@ def _mark(model: M, config: MXFP8Config) -> M:
             filtered, kept = _decide(module, fqn, config)
             plans.append((module, fqn, filtered, _guarded_class(module, fqn, key, kept)))
     install_marked_model_pass()
+    before = {m.config.key() for module, *_ in plans if (m := module.__dict__.get(marks.ATTR)) is not None} - {key}
+    if before:
+        warnings.warn(f"{type(model).__name__} was marked before with other options ({', '.join(sorted(before))}); "
+                      f"the new ones now apply: {key}", stacklevel=3)
     for module, fqn, filtered, cls in plans:
         marks.mark(module, fqn, config, filtered)
         module.__class__ = cls

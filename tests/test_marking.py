@@ -215,3 +215,15 @@ def test_a_filter_fn_that_raises_leaves_the_model_unmarked():
     with pytest.raises(KeyError, match="layers.1.moe.experts"):
         mx.mxfp8(model, filter_fn=fails_on_layer_1)
     assert _marks(model) == before
+
+
+def test_marking_again_with_other_options_warns_and_the_new_ones_apply():
+    model = _model(exclude=["layers.1"])
+    with pytest.warns(UserWarning, match=r"marked before with other options .*layers\.1.*the new ones now apply"):
+        mx.mxfp8(model, exclude=["layers.0"])
+    _assert_marked(model, excluded_layer="0")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mx.mxfp8(model, exclude=["layers.0"])  # the same options again: nothing to say

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ from ..patterns.sites import GROUPED_MM_FUNCTIONS, LINEAR_FUNCTIONS, grouped_mm_
 from .metrics import sqnr
 
 BAR_DB = 2.0
+log = logging.getLogger(__name__)  # progress lines; the CLI shows them
 
 
 class OpAtSites(TorchFunctionMode):
@@ -150,6 +152,7 @@ def compare(
     ensure_registered()
     model = copy.deepcopy(model).eval()
     eager_model = copy.deepcopy(model)
+    log.info("bf16: eager and compiled (%s) steps", compiler)
     bf16_eager = _step(eager_model, eager_model, inputs)
     bf16_compiled = _compiled(model, inputs, compiler)
     out = []
@@ -163,6 +166,7 @@ def compare(
                 return mxfp8_backend(gm, example_inputs, options={**options, "recipe": config.recipe})
             return torch._dynamo.lookup_backend(compiler)(gm, example_inputs)
 
+        log.info("%s: eager op and compiled pass steps", recipe)
         op_model = copy.deepcopy(model)
         mode = OpAtSites(config, op_model)
         op = _step(op_model, op_model, inputs, mode)
