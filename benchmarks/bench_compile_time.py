@@ -26,7 +26,7 @@ import triton
 from shapes import moe_model
 
 from mxfp8_inductor import mxfp8_backend  # also where the package is on PYTHONPATH, not installed
-from mxfp8_inductor.kernels import triton_mx
+from mxfp8_inductor.kernels import triton_mx_quant
 
 
 def first_step_s(model: torch.nn.Module, backend: str, x: torch.Tensor) -> float:
@@ -51,7 +51,7 @@ def main() -> None:
     x = torch.randn(1, 4096, 2048, device=dev, dtype=torch.bfloat16)
     first_step_s(copy.deepcopy(model), "inductor", x)  # warm the process (imports, Triton)
     mx_first = first_step_s(copy.deepcopy(model), "mxfp8", x)
-    built = sum(len(cache[0]) for cache in triton_mx._mx_quant_kernel.device_caches.values())
+    built = sum(len(cache[0]) for cache in triton_mx_quant.mx_quant_kernel.device_caches.values())
     rounds = {"inductor": [], "mxfp8": []}
     for _ in range(args.rounds):
         for backend, times in rounds.items():

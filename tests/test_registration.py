@@ -60,3 +60,24 @@ def test_rewrites_are_counted_in_inductor_counters():
     mx.explain(Experts(), x, torch.tensor([32, 64], dtype=torch.int32))
     assert {k: v for k, v in counters["inductor"].items() if k.startswith("mxfp8")} == {
         "mxfp8_forward_rewritten": 1, "mxfp8_input_grad_rewritten": 1, "mxfp8_weight_grad_rewritten": 1}
+
+
+EAGER_OP_UNDER_COMPILE = r"""
+import torch
+import torch._inductor.decomposition as decomposition
+import mxfp8_inductor as mx
+
+a = torch.randn(64, 32, dtype=torch.bfloat16)
+w = torch.randn(2, 32, 32, dtype=torch.bfloat16)
+offs = torch.tensor([32, 64], dtype=torch.int32)
+f = torch.compile(lambda a, w, o: mx.grouped_mm(a, w, o), fullgraph=True, backend="eager")
+f(a, w, offs)
+assert torch.ops.mxfp8.grouped_mm.default in decomposition.decompositions
+print("ok")
+"""
+
+
+def test_the_eager_op_in_a_compiled_caller_registers_its_decompositions():
+    """No entry point ran: the op's trace registers them (Inductor must find them to fuse it)."""
+    out = subprocess.run([sys.executable, "-c", EAGER_OP_UNDER_COMPILE], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]

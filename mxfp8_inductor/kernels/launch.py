@@ -129,9 +129,8 @@ _picked: dict[tuple, dict] = {}
 def launch_tuned(kernel, tuned, key: tuple, grid, args: tuple, consts: dict, interpreter_config: dict) -> None:
     """Run `kernel` (args[0] a tensor on the launch device). On GPU, the autotuner `tuned` (made
     from `kernel`) picks the config for `key` once, and later calls take the launch bound with it
-    (`launch_keyed`): the autotuner's own per-call dispatch costs tens of microseconds of host
-    time, more than the GEMMs of small MoE layers take on the GPU. The interpreter runs
-    `interpreter_config`."""
+    (`launch_keyed`): the autotuner's own per-call dispatch costs more host time than the GEMMs of
+    small MoE layers take on the GPU. The interpreter runs `interpreter_config`."""
     tensors = tuple(a for a in args if isinstance(a, torch.Tensor))
     if not args[0].is_cuda:
         config = interpreter_config

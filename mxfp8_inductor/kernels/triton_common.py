@@ -145,8 +145,8 @@ def scaled_to_e4m3(x, inv, HW_CVT: tl.constexpr):
     """float8_e4m3fn bytes (uint8) of saturate(x * inv); NaN stays NaN."""
     q = x * inv
     if HW_CVT:
-        # Triton 3.6 casts with cvt.rn.satfinite for sm_90 and sm_100, which saturates to +-448
-        # and keeps NaN (tests/test_kernels.py reads the PTX): a clamp here would cost 4
+        # Triton casts with cvt.rn.satfinite for sm_90 and sm_100, which saturates to +-448 and
+        # keeps NaN (tests/kernels/test_triton_mx.py reads the PTX): a clamp here would add
         # instructions per element in kernels bound by instruction issue as much as by memory
         q8 = q.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
     else:
@@ -191,8 +191,8 @@ def e8m0_to_float(biased):
 # --------------------------------------------------------------------------------------------
 # Host helpers
 
-# triton.cdiv and triton.next_power_of_2 are constexpr functions in Triton 3.6, microseconds per
-# call from host code; compiled graphs call the kernels' wrappers per operand per step
+# triton.cdiv and triton.next_power_of_2 are constexpr functions, slow to call from host code;
+# compiled graphs call the kernels' wrappers per operand per step
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -205,5 +205,6 @@ def pow2(n: int) -> int:
 def as_bits(t: torch.Tensor, on_gpu: bool = False) -> torch.Tensor:
     """bf16 tensors travel to the interpreter as int16 bits (see `load_f32`, `store_f32`), and to
     GPUs where `on_gpu`; otherwise GPUs take them as they are: a dtype view per operand per call is
-    host time that small MoE layers, whose quantizers take a few microseconds each, do not have."""
+    host time that small MoE layers, whose quantizers take little GPU time, do not have (see
+    docs/performance.md, "Host time per op call")."""
     return t.view(torch.int16) if t.dtype == torch.bfloat16 and (on_gpu or not t.is_cuda) else t

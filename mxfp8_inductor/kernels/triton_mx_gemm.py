@@ -8,7 +8,7 @@ Two kernels cover the three GEMMs of a grouped matmul:
   `_groups_kernel`  out[e][K, N] = A[rows of e, K]^T @ G[rows of e, N]: the weight gradient.
                     Blocks of 32 run along the rows, restarting at every group start.
 A tile of BLOCK_K >= 32 holds whole blocks, so the quantization is one pass per operand tile,
-bit-exact with the quantizer kernels (`triton_mx`). Where NATIVE (compute capability 10.x) the
+bit-exact with the quantizer kernels (`triton_mx_quant`). Where NATIVE (compute capability 10.x) the
 float8 bytes and e8m0 scales go to `tl.dot_scaled`, the hardware MXFP8 MMA; elsewhere the tile
 is dequantized in registers (exact MXFP8 values, which bf16 holds) into a bf16 dot. Both give
 the MXFP8 products accumulated in fp32. QUANT_A / QUANT_B = False leave an operand in bf16:
@@ -26,25 +26,8 @@ import triton
 import triton.language as tl
 
 from ..options import check_choice
+from . import triton_common as tc
 from .launch import launch_tuned
-from .triton_common import (
-    as_bits,
-    bf16_bits,
-    block_amax,
-    cdiv,
-    e4m3_decode,
-    e8m0_to_float,
-    group_ends,
-    group_of,
-    group_table,
-    inv_scale,
-    lane_value,
-    load_f32,
-    pow2,
-    scale_exponent,
-    scaled_to_e4m3,
-    store_f32,
-)
 
 
 @triton.jit
@@ -54,7 +37,7 @@ def _round_bf16(y, HW_CVT: tl.constexpr):
     if HW_CVT:
         out = y.to(tl.bfloat16)
     else:
-        out = (bf16_bits(y) << 16).to(tl.float32, bitcast=True)
+        out = (tc.bf16_bits(y) << 16).to(tl.float32, bitcast=True)
     return out
 
 
@@ -63,16 +46,16 @@ def _quantize_tile(ptr, offs, mask, R: tl.constexpr, C: tl.constexpr, BLOCKS_ALO
                    RCEIL: tl.constexpr, HW_CVT: tl.constexpr):
     """A bf16 [R, C] tile quantized in blocks of 32 along rows (BLOCKS_ALONG=0) or columns (1):
     float8 bytes in the blocked view ([R // 32, 32, C] or [R, C // 32, 32]) and the blocks' biased
-    e8m0 exponents, broadcastable against it. `_mx_quant_kernel`'s arithmetic, so bit-exact with
-    it and with the reference."""
-    x = load_f32(ptr + offs, mask)
+    e8m0 exponents, broadcastable against it. The arithmetic of `triton_mx_quant.mx_quant_kernel`,
+    so bit-exact with it and with the reference."""
+    x = tc.load_f32(ptr + offs, mask)
     if BLOCKS_ALONG == 0:
         x = tl.reshape(x, [R // 32, 32, C])
-        biased = tl.expand_dims(scale_exponent(block_amax(x, 1), RCEIL), 1)
+        biased = tl.expand_dims(tc.scale_exponent(tc.block_amax(x, 1), RCEIL), 1)
     else:
         x = tl.reshape(x, [R, C // 32, 32])
-        biased = tl.expand_dims(scale_exponent(block_amax(x, 2), RCEIL), 2)
-    return scaled_to_e4m3(x, inv_scale(biased), HW_CVT), biased
+        biased = tl.expand_dims(tc.scale_exponent(tc.block_amax(x, 2), RCEIL), 2)
+    return tc.scaled_to_e4m3(x, tc.inv_scale(biased), HW_CVT), biased
 
 
 @triton.jit
@@ -95,34 +78,38 @@ def _operand(ptr, offs, mask, R: tl.constexpr, C: tl.constexpr, BLOCKS_ALONG: tl
     values in blocks of 32 along rows (BLOCKS_ALONG=0) or columns (1) where QUANT."""
     if QUANT:
         q8, biased = _quantize_tile(ptr, offs, mask, R, C, BLOCKS_ALONG, RCEIL, HW_CVT)
-        out = _round_bf16(tl.reshape(e4m3_decode(q8, HW_CVT) * e8m0_to_float(biased), [R, C]), HW_CVT)
+        out = _round_bf16(tl.reshape(tc.e4m3_decode(q8, HW_CVT) * tc.e8m0_to_float(biased), [R, C]), HW_CVT)
     elif HW_CVT:
         out = tl.load(ptr + offs, mask=mask, other=0.0)
     else:
-        out = load_f32(ptr + offs, mask)
+        out = tc.load_f32(ptr + offs, mask)
     return out
 
 
 @triton.jit
 def _rows_kernel(
-    a_ptr, sa_m, sa_k, b_ptr, sb_e, sb_k, sb_n, c_ptr, sc_m, sc_n, ends_ptr, M, N, K,
+    a_ptr, sa_m, sa_k,
+    b_ptr, sb_e, sb_k, sb_n,
+    c_ptr, sc_m, sc_n,
+    ends_ptr, M, N, K,
+    # the mode (`_consts`), then the tile (the autotuner's configs)
     G: tl.constexpr, GP: tl.constexpr, QUANT_A: tl.constexpr, QUANT_B: tl.constexpr, RCEIL: tl.constexpr,
-    NATIVE: tl.constexpr, HW_CVT: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    NATIVE: tl.constexpr, HW_CVT: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Program (t, n): row tile t, output columns n*BLOCK_N... Tiles run group after group, each
     group's rows cut into ceil(rows / BLOCK_M) tiles; programs past them zero the rows after the
     last group end, BLOCK_M rows each. Row tiles take the grid's first axis, the one without a
     65535 limit."""
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
-    starts, ends, tile_ends = group_table(ends_ptr, G, GP, BLOCK_M, M)
+    starts, ends, tile_ends = tc.group_table(ends_ptr, G, GP, BLOCK_M, M)
     n_tiles = tl.max(tile_ends, 0)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     if pid_m < n_tiles:
-        g = group_of(tile_ends, G, pid_m + tl.zeros([1], dtype=tl.int32))  # a 1-lane block: the helpers take blocks
-        g_start, g_end = lane_value(starts, g), lane_value(ends, g)
-        first_tile = lane_value(tile_ends, g) - tl.cdiv(g_end - g_start, BLOCK_M)
+        g = tc.group_of(tile_ends, G, pid_m + tl.zeros([1], dtype=tl.int32))  # a 1-lane block: the helpers take blocks
+        g_start, g_end = tc.lane_value(starts, g), tc.lane_value(ends, g)
+        first_tile = tc.lane_value(tile_ends, g) - tl.cdiv(g_end - g_start, BLOCK_M)
         rows = g_start + (pid_m - first_tile) * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < g_end
         a_rows = a_ptr + rows.to(tl.int64)[:, None] * sa_m
@@ -146,15 +133,19 @@ def _rows_kernel(
         row_ok = rows < M
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     offs = rows.to(tl.int64)[:, None] * sc_m + cols[None, :] * sc_n
-    store_f32(c_ptr + offs, acc, row_ok[:, None] & col_ok[None, :], True, HW_CVT)
+    tc.store_f32(c_ptr + offs, acc, row_ok[:, None] & col_ok[None, :], True, HW_CVT)
 
 
 @triton.jit
 def _groups_kernel(
-    a_ptr, sa_m, sa_k, g_ptr, sg_m, sg_n, c_ptr, sc_e, sc_k, sc_n, ends_ptr, M, K, N,
+    a_ptr, sa_m, sa_k,
+    g_ptr, sg_m, sg_n,
+    c_ptr, sc_e, sc_k, sc_n,
+    ends_ptr, M, K, N,
+    # the mode (`_consts`), then the tile (the autotuner's configs)
     G: tl.constexpr, GP: tl.constexpr, QUANT_A: tl.constexpr, QUANT_B: tl.constexpr, RCEIL: tl.constexpr,
-    NATIVE: tl.constexpr, HW_CVT: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+    NATIVE: tl.constexpr, HW_CVT: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Program (kn, e): the [BLOCK_K, BLOCK_N] tile kn of group e's weight gradient, walking the
     group's rows from its start, BLOCK_M (a multiple of 32) at a time, so that every 32-row block
@@ -165,8 +156,8 @@ def _groups_kernel(
     nn = (pid % n_cols) * BLOCK_N + tl.arange(0, BLOCK_N)
     k_ok, n_ok = kk < K, nn < N
     i = tl.arange(0, GP)
-    g_end = tl.sum(tl.where(i == e, group_ends(ends_ptr, G, GP, M, 0), 0), 0)
-    g_start = tl.sum(tl.where(i == e, group_ends(ends_ptr, G, GP, M, 1), 0), 0)
+    g_end = tl.sum(tl.where(i == e, tc.group_ends(ends_ptr, G, GP, M, 0), 0), 0)
+    g_start = tl.sum(tl.where(i == e, tc.group_ends(ends_ptr, G, GP, M, 1), 0), 0)
     acc = tl.zeros([BLOCK_K, BLOCK_N], dtype=tl.float32)
     for t in range(0, tl.cdiv(g_end - g_start, BLOCK_M)):
         rows = g_start + t * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -183,7 +174,7 @@ def _groups_kernel(
             gr = _operand(g_ptr, g_offs, g_ok, BLOCK_M, BLOCK_N, 0, QUANT_B, RCEIL, HW_CVT)
             acc = tl.dot(tl.trans(a), gr, acc, input_precision=PRECISION)
     offs = e.to(tl.int64) * sc_e + kk[:, None] * sc_k + nn[None, :] * sc_n
-    store_f32(c_ptr + offs, acc, k_ok[:, None] & n_ok[None, :], True, HW_CVT)
+    tc.store_f32(c_ptr + offs, acc, k_ok[:, None] & n_ok[None, :], True, HW_CVT)
 
 
 # Tile configurations autotuned on GPUs per layer shape and operand layout (token counts change
@@ -234,7 +225,7 @@ def _consts(offs: torch.Tensor, quant: tuple[bool, bool], rounding: str, native:
     if native and on_gpu and torch.cuda.get_device_capability(offs.device)[0] != 10:
         raise ValueError("native=True needs compute capability 10.x (the MXFP8 MMA)")
     G = offs.numel()
-    return dict(G=G, GP=pow2(G), QUANT_A=quant[0], QUANT_B=quant[1], RCEIL=rounding == "rceil", NATIVE=native,
+    return dict(G=G, GP=tc.pow2(G), QUANT_A=quant[0], QUANT_B=quant[1], RCEIL=rounding == "rceil", NATIVE=native,
                 HW_CVT=on_gpu, PRECISION="tf32" if on_gpu else "ieee")
 
 
@@ -251,11 +242,11 @@ def grouped_mm(a_MK: torch.Tensor, b_EKN: torch.Tensor, offs: torch.Tensor, roun
     if M * N == 0:
         return out_MN
     on_gpu = a_MK.is_cuda
-    a, b, out = as_bits(a_MK), as_bits(b_EKN), as_bits(out_MN)
+    a, b, out = tc.as_bits(a_MK), tc.as_bits(b_EKN), tc.as_bits(out_MN)
     consts = _consts(offs, quant, rounding, native, on_gpu)
 
     def grid(meta):  # group tiles (at most one partial per group), then the tail past the last end
-        return 2 * cdiv(M, meta["BLOCK_M"]) + E, cdiv(N, meta["BLOCK_N"])
+        return 2 * tc.cdiv(M, meta["BLOCK_M"]) + E, tc.cdiv(N, meta["BLOCK_N"])
 
     _run("rows", grid, (a, *a.stride(), b, *b.stride(), out, *out.stride(), offs, M, N, K), consts,
          (N, K, b.stride(1), b.stride(2)))
@@ -275,11 +266,11 @@ def grouped_mm_wgrad(a_MK: torch.Tensor, g_MN: torch.Tensor, offs: torch.Tensor,
     if E * K * N == 0:
         return out_EKN
     on_gpu = a_MK.is_cuda
-    a, g, out = as_bits(a_MK), as_bits(g_MN), as_bits(out_EKN)
+    a, g, out = tc.as_bits(a_MK), tc.as_bits(g_MN), tc.as_bits(out_EKN)
     consts = _consts(offs, quant, rounding, native, on_gpu)
 
     def grid(meta):
-        return cdiv(K, meta["BLOCK_K"]) * cdiv(N, meta["BLOCK_N"]), E
+        return tc.cdiv(K, meta["BLOCK_K"]) * tc.cdiv(N, meta["BLOCK_N"]), E
 
     _run("groups", grid, (a, *a.stride(), g, *g.stride(), out, *out.stride(), offs, M, K, N), consts,
          (K, N, a.stride(0), g.stride(0)))

@@ -11,22 +11,8 @@ import triton.language as tl
 from ..options import check_choice
 from . import reference as ref
 from . import rowwise
+from . import triton_common as tc
 from .launch import launch_keyed
-from .triton_common import (
-    as_bits,
-    cdiv,
-    e8m0_to_float,
-    group_ends,
-    group_of,
-    group_table,
-    inv_scale,
-    lane_value,
-    load_f32,
-    pow2,
-    scale_exponent,
-    scaled_to_e4m3,
-    widen,
-)
 
 # (rows per program, rows per load, columns, warps) of the amax kernel and (features per block,
 # blocks per program, warps) of the cast kernel: best of benchmarks/bench_quantize.py --sweep-rowwise
@@ -46,7 +32,7 @@ def _group_amax_kernel(
     c = tl.program_id(0) * CHUNK
     k = tl.program_id(1) * BK + tl.arange(0, BK)
     i = tl.arange(0, GP)
-    ends = group_ends(offs_ptr, G, GP, M, 0)
+    ends = tc.group_ends(offs_ptr, G, GP, M, 0)
     stop = tl.minimum(c + CHUNK, tl.max(ends, 0))  # rows past offs[-1] belong to no group
     r0 = c
     while r0 < stop:  # once per group met; not range(): the interpreter cannot take loaded bounds
@@ -54,12 +40,12 @@ def _group_amax_kernel(
         r1 = tl.minimum(tl.sum(tl.where(i == g, ends, 0), 0), stop)
         # an elementwise running max, reduced across rows once: a reduction per load would
         # cross warps through shared memory every iteration. Taken on the bits of |x| (every NaN
-        # above inf, as in `triton_mx._block_amax`), which are also what the atomic max takes
+        # above inf, as in `triton_common.block_amax`), which are also what the atomic max takes
         acc = tl.zeros([BM, BK], dtype=tl.int32)
         for t in range(CHUNK // BM):
             r = c + t * BM + tl.arange(0, BM)
             m = ((r >= r0) & (r < r1))[:, None] & (k < K)[None, :]
-            x = load_f32(x_ptr + r.to(tl.int64)[:, None] * sx_m + k[None, :], m)
+            x = tc.load_f32(x_ptr + r.to(tl.int64)[:, None] * sx_m + k[None, :], m)
             acc = tl.maximum(acc, x.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
         tl.atomic_max(out_ptr + g * K + k, tl.minimum(tl.max(acc, axis=0), 0x7F800000), mask=k < K)
         r0 = r1
@@ -73,11 +59,11 @@ def group_amax(x_MK: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
         x_MK = x_MK.contiguous()
     out = torch.zeros(G, K, device=x_MK.device, dtype=torch.int32)
     chunk, bm, bk, warps = tile = tuple(AMAX_TILE)
-    tensors = (as_bits(x_MK), offs, out)
+    tensors = (tc.as_bits(x_MK), offs, out)
     key = (_group_amax_kernel, M, K, x_MK.stride(0), G, tile)
     launch_keyed(key, tensors, lambda: (
-        _group_amax_kernel, (cdiv(M, chunk), cdiv(K, bk)), (tensors[0], x_MK.stride(0), offs, out, M, K),
-        dict(G=G, GP=pow2(G), CHUNK=chunk, BM=bm, BK=bk, num_warps=warps),
+        _group_amax_kernel, (tc.cdiv(M, chunk), tc.cdiv(K, bk)), (tensors[0], x_MK.stride(0), offs, out, M, K),
+        dict(G=G, GP=tc.pow2(G), CHUNK=chunk, BM=bm, BK=bk, num_warps=warps),
     ))
     return out.view(torch.float32)
 
@@ -87,10 +73,10 @@ def _padded_token_source(offs_ptr, j, M, G: tl.constexpr, GP: tl.constexpr, ALIG
     """For padded token columns j of a weight-gradient operand (each group's tokens padded to a
     multiple of ALIGN): the group of each (G past the last), its source row in x, whether that
     row holds a token (not padding), and every group's padded end in units of ALIGN."""
-    starts, ends, chunk_ends = group_table(offs_ptr, G, GP, ALIGN, M)
-    g = group_of(chunk_ends, G, j // ALIGN)
-    start, end = lane_value(starts, g), lane_value(ends, g)
-    src = start + j - (lane_value(chunk_ends, g) - (end - start + ALIGN - 1) // ALIGN) * ALIGN
+    starts, ends, chunk_ends = tc.group_table(offs_ptr, G, GP, ALIGN, M)
+    g = tc.group_of(chunk_ends, G, j // ALIGN)
+    start, end = tc.lane_value(starts, g), tc.lane_value(ends, g)
+    src = start + j - (tc.lane_value(chunk_ends, g) - (end - start + ALIGN - 1) // ALIGN) * ALIGN
     return g, src, (g < G) & (src < end), chunk_ends
 
 
@@ -120,16 +106,17 @@ def _cast_groups_t_kernel(
         k = (tl.program_id(1) * KITERS + t) * BK + tl.arange(0, BK)
         k_ok = k < K
         bits = tl.load(x_row[:, None] + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0)
-        x_KJ = widen(tl.trans(bits))  # padding loads 0 and casts to byte 0
-        inv_lo = inv_scale(scale_exponent(tl.load(amax_ptr + g_lo * K + k, mask=k_ok, other=0.0), RCEIL))
-        inv_hi = inv_scale(scale_exponent(tl.load(amax_ptr + g_hi * K + k, mask=k_ok, other=0.0), RCEIL))
-        q8 = scaled_to_e4m3(x_KJ, tl.where(lo, inv_lo[:, None], inv_hi[:, None]), HW_CVT)
+        x_KJ = tc.widen(tl.trans(bits))  # padding loads 0 and casts to byte 0
+        inv_lo = tc.inv_scale(tc.scale_exponent(tl.load(amax_ptr + g_lo * K + k, mask=k_ok, other=0.0), RCEIL))
+        inv_hi = tc.inv_scale(tc.scale_exponent(tl.load(amax_ptr + g_hi * K + k, mask=k_ok, other=0.0), RCEIL))
+        q8 = tc.scaled_to_e4m3(x_KJ, tl.where(lo, inv_lo[:, None], inv_hi[:, None]), HW_CVT)
         tl.store(y_ptr + k.to(tl.int64)[:, None] * Mp + j[None, :], q8, mask=k_ok[:, None] & (j < Mp)[None, :])
         if tl.program_id(0) == 0:
             i = tl.arange(0, GP)
             ms = (i < G)[:, None] & k_ok[None, :]
             amax_g = tl.load(amax_ptr + i[:, None] * K + k[None, :], mask=ms, other=0.0)
-            tl.store(scales_ptr + i[:, None] * K + k[None, :], e8m0_to_float(scale_exponent(amax_g, RCEIL)), mask=ms)
+            scales_g = tc.e8m0_to_float(tc.scale_exponent(amax_g, RCEIL))
+            tl.store(scales_ptr + i[:, None] * K + k[None, :], scales_g, mask=ms)
     if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
         i = tl.arange(0, GP)
         tl.store(padded_ends_ptr + i, chunk_ends * ALIGN, mask=i < G)
@@ -152,12 +139,12 @@ def quantize_groups(
     scales_GK = torch.empty(G, K, dtype=torch.float32, device=x_MK.device)
     padded_ends = torch.empty(G, dtype=torch.int32, device=x_MK.device)
     bk, kiters, warps = tile = tuple(CAST_TILE)
-    tensors = (as_bits(x_MK, True), offs, amax_GK, data_KMp, scales_GK, padded_ends)
+    tensors = (tc.as_bits(x_MK, True), offs, amax_GK, data_KMp, scales_GK, padded_ends)
     key = (_cast_groups_t_kernel, M, K, x_MK.stride(0), G, rounding, tile)
     launch_keyed(key, tensors, lambda: (
-        _cast_groups_t_kernel, (cdiv(Mp, 2 * rowwise.ALIGN), cdiv(K, bk * kiters)),
+        _cast_groups_t_kernel, (tc.cdiv(Mp, 2 * rowwise.ALIGN), tc.cdiv(K, bk * kiters)),
         (tensors[0], x_MK.stride(0), offs, amax_GK, data_KMp, scales_GK, padded_ends, M, K, Mp),
-        dict(G=G, GP=pow2(G), ALIGN=rowwise.ALIGN, RCEIL=rounding == "rceil",
+        dict(G=G, GP=tc.pow2(G), ALIGN=rowwise.ALIGN, RCEIL=rounding == "rceil",
              HW_CVT=x_MK.is_cuda, BK=bk, KITERS=kiters, num_warps=warps),
     ))
     return data_KMp.view(torch.float8_e4m3fn), scales_GK, padded_ends
@@ -171,12 +158,12 @@ WEIGHT_TILE = (64, 64, 4)
 def _weight_amax_kernel(b_ptr, sb_e, sb_k, sb_n, K, N, amax_n_ptr, amax_k_ptr, BK: tl.constexpr, BN: tl.constexpr):
     """Program (e, p, q): tile b[e, p*BK.., q*BN..]. Its max |b| per column and per row meet the
     other tiles' in amax_n[e, n] and amax_k[e, k]: atomic maxima on the float bits, NaN as inf
-    (as `triton_mx._block_amax`)."""
+    (as `triton_common.block_amax`)."""
     e = tl.program_id(0).to(tl.int64)
     k = tl.program_id(1) * BK + tl.arange(0, BK)
     n = tl.program_id(2) * BN + tl.arange(0, BN)
     m = (k < K)[:, None] & (n < N)[None, :]
-    x = load_f32(b_ptr + e * sb_e + k.to(tl.int64)[:, None] * sb_k + n.to(tl.int64)[None, :] * sb_n, m)
+    x = tc.load_f32(b_ptr + e * sb_e + k.to(tl.int64)[:, None] * sb_k + n.to(tl.int64)[None, :] * sb_n, m)
     bits = tl.minimum(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, 0x7F800000)
     tl.atomic_max(amax_n_ptr + e * N + n, tl.max(bits, axis=0), mask=n < N)
     tl.atomic_max(amax_k_ptr + e * K + k, tl.max(bits, axis=1), mask=k < K)
@@ -195,19 +182,21 @@ def _weight_cast_kernel(
     n = tl.program_id(2) * BN + tl.arange(0, BN)
     k_ok, n_ok = k < K, n < N
     m = k_ok[:, None] & n_ok[None, :]
-    x = load_f32(b_ptr + e * sb_e + k.to(tl.int64)[:, None] * sb_k + n.to(tl.int64)[None, :] * sb_n, m)
-    biased_n = scale_exponent(tl.load(amax_n_ptr + e * N + n, mask=n_ok, other=0).to(tl.float32, bitcast=True), RCEIL)
-    biased_k = scale_exponent(tl.load(amax_k_ptr + e * K + k, mask=k_ok, other=0).to(tl.float32, bitcast=True), RCEIL)
-    q_n = scaled_to_e4m3(x, inv_scale(biased_n)[None, :], HW_CVT)
-    q_k = scaled_to_e4m3(x, inv_scale(biased_k)[:, None], HW_CVT)
+    x = tc.load_f32(b_ptr + e * sb_e + k.to(tl.int64)[:, None] * sb_k + n.to(tl.int64)[None, :] * sb_n, m)
+    amax_n = tl.load(amax_n_ptr + e * N + n, mask=n_ok, other=0).to(tl.float32, bitcast=True)
+    amax_k = tl.load(amax_k_ptr + e * K + k, mask=k_ok, other=0).to(tl.float32, bitcast=True)
+    biased_n = tc.scale_exponent(amax_n, RCEIL)
+    biased_k = tc.scale_exponent(amax_k, RCEIL)
+    q_n = tc.scaled_to_e4m3(x, tc.inv_scale(biased_n)[None, :], HW_CVT)
+    q_k = tc.scaled_to_e4m3(x, tc.inv_scale(biased_k)[:, None], HW_CVT)
     base = e * K * N
     m_nk = n_ok[:, None] & k_ok[None, :]
     tl.store(q_nk_ptr + base + n.to(tl.int64)[:, None] * K + k[None, :], tl.trans(q_n), mask=m_nk)
     tl.store(q_kn_ptr + base + k.to(tl.int64)[:, None] * N + n[None, :], q_k, mask=m)
     if tl.program_id(1) == 0:
-        tl.store(s_n_ptr + e * N + n, e8m0_to_float(biased_n), mask=n_ok)
+        tl.store(s_n_ptr + e * N + n, tc.e8m0_to_float(biased_n), mask=n_ok)
     if tl.program_id(2) == 0:
-        tl.store(s_k_ptr + e * K + k, e8m0_to_float(biased_k), mask=k_ok)
+        tl.store(s_k_ptr + e * K + k, tc.e8m0_to_float(biased_k), mask=k_ok)
 
 
 def quantize_weight(b_EKN: torch.Tensor, rounding: str = "rceil") -> tuple[torch.Tensor, ...]:
@@ -222,8 +211,8 @@ def quantize_weight(b_EKN: torch.Tensor, rounding: str = "rceil") -> tuple[torch
     q_kn = torch.empty(E, K, N, dtype=torch.uint8, device=dev)
     s_n, s_k = torch.empty(E, N, device=dev), torch.empty(E, K, device=dev)
     bk, bn, warps = WEIGHT_TILE
-    grid = (E, cdiv(K, bk), cdiv(N, bn))
-    b, strides = as_bits(b_EKN), b_EKN.stride()
+    grid = (E, tc.cdiv(K, bk), tc.cdiv(N, bn))
+    b, strides = tc.as_bits(b_EKN), b_EKN.stride()
     _weight_amax_kernel[grid](b, *strides, K, N, amax_n, amax_k, BK=bk, BN=bn, num_warps=warps)
     _weight_cast_kernel[grid](b, *strides, K, N, amax_n, amax_k, q_nk, q_kn, s_n, s_k, RCEIL=rounding == "rceil",
                               HW_CVT=b_EKN.is_cuda, BK=bk, BN=bn, num_warps=warps)

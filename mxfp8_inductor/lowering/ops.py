@@ -52,6 +52,9 @@ def grouped_mm_op(
 
 @grouped_mm_op.register_fake
 def _(a, b, offs, forward, dgrad, wgrad, rounding, param):
+    # every trace that captures the op (Dynamo, AOTAutograd) runs this first, outside the traced
+    # code: the place to make sure Inductor can decompose it (and its backward ops)
+    register_decompositions()
     return a.new_empty(a.shape[0], b.shape[-1])
 
 
@@ -138,6 +141,7 @@ def linear_op(
 
 @linear_op.register_fake
 def _(x, w, forward, dgrad, wgrad, rounding, param):
+    register_decompositions()  # as for grouped_mm
     return x.new_empty(x.shape[0], w.shape[0])
 
 
@@ -187,7 +191,7 @@ linear_op.register_autograd(_linear_backward, setup_context=_setup_linear)
 def register_decompositions() -> None:
     """Let Inductor decompose the GEMM ops into their quantizers and GEMMs, so identical
     quantizations (the tokens feeding w1 and w3) are computed once. Called on first use of an
-    entry point or an eager op, never on import."""
+    entry point, and by the forward ops' fake impls (any trace of them), never on import."""
     from torch._inductor import decomposition
 
     for op, fn in ((grouped_mm_op, _forward), (grouped_mm_dgrad_op, _dgrad), (grouped_mm_wgrad_op, _wgrad),
@@ -227,7 +231,6 @@ def grouped_mm(
     `torch._grouped_mm`, output rows past offs[-1] are unspecified.
     """
     check_grouped_mm_args(a, b, offs, recipe, rounding, wgrad)
-    register_decompositions()  # a compiled caller's graph holds the op: Inductor must decompose it
     plan = plan_for(recipe, wgrad, M=a.shape[0], K=b.shape[-2], N=b.shape[-1], E=b.shape[0], dense=False,
                     device=a.device)
     return grouped_mm_op(a, b, offs, *plan.recipes, rounding, parameter_of(b) if weight_cache else None)
@@ -247,7 +250,6 @@ def linear(
     input-gradient and weight-gradient GEMMs in the recipe, each quantized along its own
     contraction (K, N, and the tokens); the other options as for `grouped_mm`."""
     check_linear_args(x, w, bias, recipe, rounding, wgrad)
-    register_decompositions()
     plan = plan_for(recipe, wgrad, M=x.numel() // x.shape[-1], K=w.shape[1], N=w.shape[0], E=1, dense=True,
                     device=x.device)
     return linear_body(x, w, bias, *plan.recipes, rounding, parameter_of(w) if weight_cache else None)
