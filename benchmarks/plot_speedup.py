@@ -1,9 +1,12 @@
 """Bar charts of bf16 time / recipe time: per MoE block shape (moe_block_h200.json, with the
 targets) and per whole model, per layer (models_h200.json).
 
-    python benchmarks/plot_speedup.py  (needs matplotlib, a plotting-only dependency)
+    python benchmarks/plot_speedup.py --out-dir benchmarks/results [--block JSON] [--models JSON]
+
+(needs matplotlib, a plotting-only dependency: pip install -e '.[examples]')
 """
 
+import argparse
 import json
 import pathlib
 
@@ -19,7 +22,7 @@ TARGETS = {
 }
 
 
-def bars(rows: list[dict], group: str, series: str, title: str, out: str, targets: dict | None = None) -> None:
+def bars(rows: list[dict], group: str, series: str, title: str, out: pathlib.Path, targets: dict | None = None) -> None:
     """One bar per (group, series) of rows' "speedup", dashes at the targets."""
     groups = list(dict.fromkeys(r[group] for r in rows))
     names = list(dict.fromkeys(r[series] for r in rows))
@@ -38,17 +41,25 @@ def bars(rows: list[dict], group: str, series: str, title: str, out: str, target
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
-    fig.savefig(RESULTS / out, dpi=120)
+    fig.savefig(out, dpi=120)
+    print(f"wrote {out}")
 
 
 def main() -> None:
-    block = json.loads((RESULTS / "moe_block_h200.json").read_text())
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--block", type=pathlib.Path, default=RESULTS / "moe_block_h200.json",
+                   help="bench_moe_block.py JSON")
+    p.add_argument("--models", type=pathlib.Path, default=RESULTS / "models_h200.json", help="bench_models.py JSON")
+    p.add_argument("--out-dir", type=pathlib.Path, required=True, help="where the two PNGs go")
+    args = p.parse_args()
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    block = json.loads(args.block.read_text())
     bars(block["rows"], "shape", "recipe", f"MoE block fwd+bwd on {block['gpu']} ({block['date']}), dashes: targets",
-         "moe_block_speedup_h200.png", TARGETS)
-    models = json.loads((RESULTS / "models_h200.json").read_text())
+         args.out_dir / "moe_block_speedup_h200.png", TARGETS)
+    models = json.loads(args.models.read_text())
     rows = [r for r in models["rows"] if r["variant"] != "bf16"]
     bars(rows, "model", "variant", f"Whole-model training step, per layer, on {models['gpu']} ({models['date']})",
-         "models_speedup_h200.png")
+         args.out_dir / "models_speedup_h200.png")
 
 
 if __name__ == "__main__":

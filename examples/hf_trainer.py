@@ -24,6 +24,7 @@ import transformers
 
 import mxfp8_inductor as mx
 from mxfp8_inductor.check import TINY, text_config, tiny_config
+from mxfp8_inductor.options import RECIPES
 
 VOCAB = 256  # byte-level: the text needs no tokenizer
 
@@ -73,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--model", default="qwen3_moe", help="model type (qwen3_moe, mixtral, ...), Hub id or config folder")
     p.add_argument("--full-size", action="store_true", help="keep the config's widths (default: a tiny copy)")
     p.add_argument("--layers", type=int, default=2, help="number of layers (default: 2)")
-    p.add_argument("--recipe", default="mxfp8", choices=["mxfp8", "fp8_rowwise"])
+    p.add_argument("--recipe", default="mxfp8", choices=RECIPES, help="auto: per GEMM the fastest on this GPU")
     p.add_argument("--exclude", action="append", default=[], help="FQN glob kept in bf16 (repeatable)")
     p.add_argument("--baseline", action="store_true", help="also train a bf16 copy from the same weights and data")
     p.add_argument("--steps", type=int, default=30)

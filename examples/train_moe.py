@@ -26,6 +26,7 @@ import re
 import statistics
 import sys
 import sysconfig
+import tempfile
 import time
 from typing import Any
 
@@ -44,7 +45,6 @@ from moe_model import MoE  # noqa: E402
 
 # "+all": targets="all", the blocks' dense linears too
 RECIPES = ("bf16", "mxfp8", "fp8_rowwise", "mxfp8+all", "fp8_rowwise+all")
-RESULTS = pathlib.Path(__file__).parent / "results"
 VOCAB = 256
 
 
@@ -273,9 +273,10 @@ def _device_name(device: torch.device) -> str:
 
 
 def default_out(device: torch.device, world: int) -> pathlib.Path:
-    """examples/results/convergence_<gpu or cpu>[_fsdp<N>].json, e.g. convergence_h200.json."""
+    """convergence_<gpu or cpu>[_fsdp<N>].json in the system's temporary folder (the committed
+    results under examples/results/ are written only when --out names them)."""
     slug = re.sub(r"[^a-z0-9]+", "_", _device_name(device).lower().removeprefix("nvidia ")).strip("_")
-    return RESULTS / f"convergence_{slug}{f'_fsdp{world}' if world > 1 else ''}.json"
+    return pathlib.Path(tempfile.gettempdir()) / f"convergence_{slug}{f'_fsdp{world}' if world > 1 else ''}.json"
 
 
 def compare(losses: list[float], ref: list[float], k: int = 20) -> dict[str, float]:
@@ -322,7 +323,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ac", action="store_true", help="activation checkpointing of each block")
     p.add_argument("--eval-every", type=int, default=0, help="held-out loss every N steps (0: never)")
     p.add_argument("--log", type=pathlib.Path, help="per-step JSON-lines log (appended to)")
-    p.add_argument("--out", type=pathlib.Path, help="summary JSON (default examples/results/convergence_<gpu>.json)")
+    p.add_argument("--out", type=pathlib.Path,
+                   help="summary JSON (default: convergence_<gpu>.json in the temporary folder)")
     p.add_argument("--fsdp", action="store_true", help="FSDP2 over the ranks of torchrun")
     p.add_argument("--fsdp-compare", type=pathlib.Path, metavar="PATH",
                    help="single-process summary JSON to compare the first 20 losses with")

@@ -102,7 +102,18 @@ def _mark(model: M, config: MXFP8Config) -> M:
     for module, fqn, filtered, cls in plans:
         marks.mark(module, fqn, config, filtered)
         module.__class__ = cls
+        if _warn_if_eager not in module._forward_pre_hooks.values():
+            module.register_forward_pre_hook(_warn_if_eager)
     return model
+
+
+def _warn_if_eager(module: torch.nn.Module, args: Any) -> None:
+    """A marked expert module running outside torch.compile stays bf16: say so (once per process,
+    as Python shows a warning from one line). Under compile Dynamo folds this to nothing."""
+    if not torch.compiler.is_compiling():
+        warnings.warn("a model marked with mxfp8() ran its experts outside torch.compile, in bf16: the pass rewrites "
+                      "only compiled graphs; compile the model or its blocks (torch.compile, or --compile.enable "
+                      "with 'model' in --compile.components in TorchTitan)", stacklevel=2)
 
 
 def mxfp8(target: Any = None, /, config: MXFP8Config | None = None, **options: Any) -> Any:

@@ -227,3 +227,20 @@ def test_marking_again_with_other_options_warns_and_the_new_ones_apply():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         mx.mxfp8(model, exclude=["layers.0"])  # the same options again: nothing to say
+
+
+def test_a_marked_model_run_outside_compile_warns_and_a_compiled_one_does_not():
+    import warnings
+
+    model = _model()
+    x = torch.randn(1, 32, 64, dtype=torch.bfloat16)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model(x)
+    assert any("ran its experts outside torch.compile" in str(w.message) for w in caught)
+    torch._dynamo.reset()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.compile(model, backend="aot_eager")(x)
+    assert not any("outside torch.compile" in str(w.message) for w in caught), [str(w.message) for w in caught]
+    assert len(pickle.loads(pickle.dumps(model)).layers) == 2  # the hook pickles with the model
