@@ -28,4 +28,5 @@ def pytest_collection_modifyitems(config, items):
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: runs on a CUDA GPU only (the H200 runs)")
     config.addinivalue_line("markers", "interpreter: runs Triton kernels on CPU tensors, so only without a GPU")
-    config.addinivalue_line("markers", "slow: the model-family sweeps (minutes; CI runs them)")
+    config.addinivalue_line("markers", "slow: sweeps, fuzzing, training and multi-process runs (minutes each; "
+                                       ".ci/run runs them, the README's test command does not)")

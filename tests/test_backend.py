@@ -164,6 +164,7 @@ print(json.dumps(res))
 """
 
 
+@pytest.mark.slow
 def test_per_block_exclusion_with_warm_caches(tmp_path):
     """Each block compiled on its own; the excluded block equals plain torch.compile bit for bit,
     the other differs; the second process reads the FX-graph and AOTAutograd caches."""

@@ -40,6 +40,7 @@ def _tiny(model_type, seed=0):
         pytest.skip(f"{model_type} does not build tiny: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_type", ["gpt_oss", "qwen3_moe"])
 def test_two_layer_models_of_the_report(model_type):
     """2 layers, 8 experts top-2, 2 x 16 tokens: both GEMMs of layer 0 rewritten feed layer 1's
@@ -48,6 +49,7 @@ def test_two_layer_models_of_the_report(model_type):
     _assert_equivalent(model, inputs)
 
 
+@pytest.mark.slow
 def test_gpt_oss_with_excluded_and_fp32_experts():
     """An exclusion leaves that site bf16 in both runs; fp32 experts take transformers'
     grouped_mm_fallback op under compile and F.grouped_mm in eager: both rewritten."""
@@ -61,6 +63,7 @@ def test_gpt_oss_with_excluded_and_fp32_experts():
         assert result.sites_rewritten == 4 and result.passed, str(result)
 
 
+@pytest.mark.slow
 @pytest.mark.interpreter
 def test_fused_path_adds_no_error(monkeypatch):
     """The pass on the fused MXFP8 GEMMs (Triton interpreter) against the op at the same sites."""

@@ -30,6 +30,7 @@ def _x(seed):
     return (torch.randn(M, K, generator=g) * 3).bfloat16()
 
 
+@pytest.mark.slow
 @settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck))
 @given(offs=bad_offs(), seed=st.integers(0, 2**16))
 def test_mxfp8_quantizers_on_any_offs(offs, seed):
@@ -44,6 +45,7 @@ def test_mxfp8_quantizers_on_any_offs(offs, seed):
             assert_bitwise_equal(g, w)
 
 
+@pytest.mark.slow
 @settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
 @given(offs=bad_offs(), seed=st.integers(0, 2**16))
 def test_rowwise_quantizers_and_layouts_on_any_offs(offs, seed):

@@ -117,6 +117,7 @@ def _assert_values_equal(got, want):
     assert got.shape == want.shape and torch.equal(got.float(), want.float())
 
 
+@pytest.mark.slow
 def test_300_groups():
     """300 experts, most without tokens: the group tables take 512 lanes. One column tile, so
     that the interpreter runs one program per row tile and expert."""
