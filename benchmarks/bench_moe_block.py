@@ -49,13 +49,7 @@ def measure(shape: str, recipes: list[str], rounds: int) -> list[dict]:
         fns[recipe] = (mod, torch.compile(mod, backend=mxfp8_backend, options={"recipe": recipe}))
     results, steps = {}, {}
     for name, (mod, fn) in fns.items():
-        def step(mod=mod, fn=fn):
-            x.grad = None
-            for p in mod.parameters():
-                p.grad = None
-            out = fn(x, counts)
-            out.backward(grad)
-            return out
+        step = fwd_bwd(mod, fn, x, counts, grad)
         out = step()
         results[name] = [out.detach().clone(), x.grad.clone()] + [p.grad.clone() for p in mod.parameters()]
         steps[name] = step
@@ -69,6 +63,18 @@ def measure(shape: str, recipes: list[str], rounds: int) -> list[dict]:
                      "speedup_rounds": ratios, "sqnr_out": sqnr(ref[0], results[r][0]),
                      "sqnr_grads_min": min(sqnr(a, b) for a, b in zip(ref[1:], results[r][1:]))})
     return rows
+
+
+def fwd_bwd(mod: torch.nn.Module, fn, x: torch.Tensor, counts: torch.Tensor, grad: torch.Tensor):
+    """One forward and backward of `fn` (the compiled `mod`) with the gradients cleared first."""
+    def step():
+        x.grad = None
+        for p in mod.parameters():
+            p.grad = None
+        out = fn(x, counts)
+        out.backward(grad)
+        return out
+    return step
 
 
 def interleaved(steps: dict, rounds: int, bench=None) -> dict[str, list[float]]:

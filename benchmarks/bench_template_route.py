@@ -39,7 +39,7 @@ import time
 
 import torch
 import triton
-from bench_moe_block import interleaved
+from bench_moe_block import fwd_bwd, interleaved
 from shapes import SHAPES, TOKENS, block_and_inputs, require_gpu
 
 from mxfp8_inductor import mxfp8_backend  # also where the package is on PYTHONPATH, not installed
@@ -107,15 +107,7 @@ def main() -> None:
     steps, outs = {}, {}
     for name in args.variants.split(","):
         mod = copy.deepcopy(block)
-        fn = compiled(name, mod)
-
-        def step(mod=mod, fn=fn):
-            x.grad = None
-            for prm in mod.parameters():
-                prm.grad = None
-            out = fn(x, counts)
-            out.backward(grad)
-            return out
+        step = fwd_bwd(mod, compiled(name, mod), x, counts, grad)
 
         log(f"compiling {name}")
         seen = dict(counters["aten_mm_info"])
