@@ -74,9 +74,15 @@ def test_torch_range_is_checked_at_import():
 
     with pytest.raises(ImportError, match="needs torch >= 2.11"):
         check_torch("2.10.1+cu128")
+    with pytest.raises(ImportError, match="needs torch >= 2.11"):
+        check_torch("2.10.0a0+git1234abc")
     with pytest.warns(UserWarning, match="tested with torch 2.11 to 2.13, found 2.14.0"):
         check_torch("2.14.0")
+    with pytest.warns(UserWarning, match="found 2.14.0.dev20261101"):
+        check_torch("2.14.0.dev20261101")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         check_torch("2.11.0+cu130")
+        check_torch("2.11.0.dev20260301+cu130")  # a nightly of a tested release counts as it
         check_torch("2.13.0+cpu")
+        check_torch("2.13.1rc1")
