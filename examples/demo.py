@@ -16,15 +16,11 @@ import time
 import torch
 
 import mxfp8_inductor as mx
+from mxfp8_inductor.check import sqnr
 from mxfp8_inductor.options import RECIPES
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from moe_model import MoEModel  # noqa: E402
-
-
-def sqnr(ref: torch.Tensor, x: torch.Tensor) -> float:
-    ref, x = ref.double(), x.double()
-    return (20 * torch.log10(ref.norm() / (ref - x).norm())).item()
 
 
 def main() -> None:
