@@ -3,25 +3,29 @@ the noise floor (bf16 with its initial weights nudged, against bf16) measured th
 
     python examples/seed_summary.py [--out examples/results/convergence_seeds_h200.json]
 
-Reads the 1000-step one-GPU summaries of train_moe.py in examples/results. A recipe is within
-noise when its mean paired gap is within max(0.3%, two standard errors of the gaps) of zero and
-no more than 6 of 8 seeds (three quarters) fall on one side.
+Reads the 1000-step one-GPU summaries of train_moe.py in examples/results. Each recipe, the noise
+floor included, gets a two-sided paired t-test (scipy.stats.ttest_rel) of its final losses against
+bf16's over the seeds they share; it is within noise when p >= 0.05, that is when the 95% confidence
+interval of the mean loss difference holds zero. Each row is a test of its own: with five rows, the
+chance that at least one of five recipes equal to bf16 reads outside noise is 23%. Within noise is
+not equivalence: the interval says how large a gap the seeds leave possible.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import pathlib
 import statistics
 import sys
+
+from scipy import stats
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from train_moe import _tail_mean  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).parent / "results"
-MIN_BAR = 0.003
+ALPHA = 0.05
 NOISE = "bf16, weights nudged"
 
 
@@ -41,15 +45,21 @@ def final_losses(paths: list[pathlib.Path]) -> dict[int, dict[str, float]]:
     return dict(sorted(out.items()))
 
 
-def summarize(gaps: dict[int, float]) -> dict:
+def summarize(pairs: dict[int, tuple[float, float]]) -> dict:
+    """The relative gaps and the paired t-test of {seed: (recipe loss, bf16 loss)}; with one seed,
+    no test (t, p, ci95 and within_noise are None)."""
+    gaps = {seed: (loss - ref) / ref for seed, (loss, ref) in pairs.items()}
     vals = list(gaps.values())
     n = len(vals)
-    mean = statistics.fmean(vals)
-    stdev = statistics.stdev(vals) if n > 1 else 0.0
-    bar = max(MIN_BAR, 2 * stdev / math.sqrt(n))
-    one_side = max(sum(v > 0 for v in vals), sum(v < 0 for v in vals))
-    return {"gap_by_seed": gaps, "mean_gap": mean, "stdev_gap": stdev, "bar": bar, "seeds": n,
-            "most_on_one_side": one_side, "within_noise": abs(mean) <= bar and one_side <= math.floor(0.75 * n)}
+    out = {"gap_by_seed": gaps, "mean_gap": statistics.fmean(vals), "stdev_gap": None, "seeds": n,
+           "t": None, "p": None, "ci95": None, "within_noise": None}
+    if n > 1:
+        out["stdev_gap"] = statistics.stdev(vals)
+        test = stats.ttest_rel([loss for loss, _ in pairs.values()], [ref for _, ref in pairs.values()])
+        ci = test.confidence_interval(1 - ALPHA)
+        out.update(t=float(test.statistic), p=float(test.pvalue), ci95=[float(ci.low), float(ci.high)],
+                   within_noise=bool(test.pvalue >= ALPHA))
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -58,18 +68,23 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=pathlib.Path, default=RESULTS / "convergence_seeds_h200.json")
     args = p.parse_args(argv)
     losses = final_losses(sorted(args.results.glob("*.json")))
-    gaps: dict[str, dict[int, float]] = {}
+    pairs: dict[str, dict[int, tuple[float, float]]] = {}
     for seed, by_recipe in losses.items():
         for recipe, loss in by_recipe.items():
             if recipe != "bf16" and "bf16" in by_recipe:
-                gaps.setdefault(recipe, {})[seed] = (loss - by_recipe["bf16"]) / by_recipe["bf16"]
-    summary = {recipe: summarize(by_seed) for recipe, by_seed in sorted(gaps.items())}
+                pairs.setdefault(recipe, {})[seed] = (loss, by_recipe["bf16"])
+    summary = {recipe: summarize(by_seed) for recipe, by_seed in sorted(pairs.items())}
     for recipe, s in summary.items():
         print(f"{recipe:<21} " + " ".join(f"s{k} {v:+.2%}" for k, v in s["gap_by_seed"].items()))
-        print(f"{'':<21} mean {s['mean_gap']:+.2%} (stdev {s['stdev_gap']:.2%}, bar +-{s['bar']:.2%}), "
-              f"{s['most_on_one_side']} of {s['seeds']} on one side: "
-              f"{'within noise' if s['within_noise'] else 'outside noise'}")
-    args.out.write_text(json.dumps({"min_bar": MIN_BAR, "final_loss": losses, "recipes": summary}, indent=1) + "\n")
+        if s["p"] is None:
+            print(f"{'':<21} one seed: no test")
+            continue
+        print(f"{'':<21} mean {s['mean_gap']:+.2%} (stdev {s['stdev_gap']:.2%}) over {s['seeds']} seeds; paired "
+              f"t-test t {s['t']:+.2f}, p {s['p']:.2f}, 95% CI of the loss gap "
+              f"[{s['ci95'][0]:+.4f}, {s['ci95'][1]:+.4f}]: {'within noise' if s['within_noise'] else 'outside noise'}")
+    test = f"two-sided paired t-test (scipy.stats.ttest_rel) of final losses against bf16's; within noise: p >= {ALPHA}"
+    args.out.write_text(json.dumps({"test": test, "alpha": ALPHA, "final_loss": losses, "recipes": summary},
+                                   indent=1) + "\n")
     print(f"wrote {args.out}")
 
 
