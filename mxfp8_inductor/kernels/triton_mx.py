@@ -16,8 +16,18 @@ from ..options import check_choice
 from . import reference as ref
 from . import triton_common as tc
 from .launch import _MAX_ENTRIES, launch, launch_keyed
-from .triton_mx_quant import dequant_kernel, mx_quant_kernel
-from .triton_mx_scale_layout import BLOCKED_COL, BLOCKED_ROW, PLAIN, one_group, to_blocked, to_blocked_groups
+from .triton_mx_quant import (
+    DEQUANTIZED,
+    GROUPS_DEQUANTIZED,
+    GROUPS_PADDED_BLOCKED_SCALES,
+    GROUPS_PLAIN_SCALES,
+    PLAIN_SCALES,
+    ROWS_BLOCKED_SCALES,
+    Layout,
+    dequant_kernel,
+    mx_quant_kernel,
+)
+from .triton_mx_scale_layout import BLOCKED_COL, PLAIN, one_group, to_blocked, to_blocked_groups
 
 # the quantizer API this module shares with `reference` (`mx.implementation` returns either)
 __all__ = [
@@ -38,7 +48,7 @@ class Tile(NamedTuple):
     band: int  # 0: a 2-D grid, row strips fastest; n: a 1-D grid walking bands of n row strips
 
 
-# The tile of each layout, keyed by where the 32-blocks run: along the contiguous dim ("rows"),
+# The tile of each launch, keyed by where the 32-blocks run: along the contiguous dim ("rows"),
 # across rows ("cols"), across rows within one token group ("one_group": no group lookup to share
 # across tiles) or several ("groups"), and across rows into a transposed output ("transposing":
 # the native operands quantized along N or along the tokens). Chosen by
@@ -86,41 +96,42 @@ def _tile(r_stride: int, groups: int, y_r_stride: int | None = None) -> Tile:
     return Tile(*TILES["cols" if not groups else "groups" if groups > 1 else "one_group"])
 
 
+def _bf16_as_bits(layout: Layout) -> bool:
+    """Whether bf16 tensors travel as int16 bits on GPUs too: the grouped quantize-dequantize runs
+    faster with them than with bf16 pointers (benchmarks/bench_quantize.py)."""
+    return layout.GROUPED and layout.DEQUANT
+
+
 def _launch_quant(
-    x3: View3, y3: View3, rounding: str, *, dequant: bool,
-    s3: View3 | None = None, scale_mode: int = PLAIN,
+    x3: View3, y3: View3, rounding: str, layout: Layout, *, s3: View3 | None = None,
     r_ends: torch.Tensor | None = None, padded_ends: torch.Tensor | None = None,
     s_ends: torch.Tensor | None = None, Hp: int = 0, Wp: int = 0, scale_buf: torch.Tensor | None = None,
 ) -> Callable[..., None] | None:
-    """One `mx_quant_kernel` launch, bound once per shape, layout and mode (`launch_keyed`),
-    which it returns (None for an empty x: nothing to launch).
-    `r_ends`: token group ends along r; `padded_ends`: when given, y holds every group padded to whole
-    blocks and `padded_ends` receives the padded ends; `s_ends`: group ends of BLOCKED_ROW
-    scales along c (default: one group; BLOCKED_COL scales take `r_ends`)."""
+    """One `mx_quant_kernel` launch writing `layout`, bound once per shape and layout
+    (`launch_keyed`), which it returns (None for an empty x: nothing to launch).
+    `r_ends`: token group ends along r (GROUPED); `padded_ends` receives the padded group ends
+    (PAD_Y); `s_ends`: group ends of BLOCKED_ROW scales along c (default: one group; BLOCKED_COL
+    scales take `r_ends`)."""
     B, R, C = x3.shape
     if B * R * C == 0:
         return None
-    grouped = r_ends is not None
-    tile = _tile(x3.strides[1], r_ends.numel() if grouped else 0, y3.strides[1])
-    # the grouped quantize-dequantize takes bf16 as int16 bits on GPUs too, where it runs faster
-    # than with bf16 pointers (benchmarks/bench_quantize.py)
-    bits = grouped and dequant
+    tile = _tile(x3.strides[1], r_ends.numel() if layout.GROUPED else 0, y3.strides[1])
+    bits = _bf16_as_bits(layout)
     tensors = (tc.as_bits(x3.t, bits), tc.as_bits(y3.t, bits), scale_buf, r_ends, padded_ends, s_ends)
     key = (mx_quant_kernel, x3.shape, x3.strides, y3.strides, s3.strides if s3 is not None else None, rounding,
-           dequant, scale_mode, Hp, Wp, tile)
-    return launch_keyed(
-        key, tensors, lambda: _quant_launch(tensors, x3, y3, s3, rounding, dequant, scale_mode, Hp, Wp, tile))
+           layout, Hp, Wp, tile)
+    return launch_keyed(key, tensors, lambda: _quant_launch(tensors, x3, y3, s3, rounding, layout, Hp, Wp, tile))
 
 
 _TAIL_CHUNKS = 16
 
 
-def _quant_launch(tensors, x3, y3, s3, rounding, dequant, scale_mode, Hp, Wp, tile) -> tuple:
+def _quant_launch(tensors, x3, y3, s3, rounding, layout, Hp, Wp, tile) -> tuple:
     """(kernel, grid, args, kwargs) of the launch `_launch_quant` describes."""
     check_choice("rounding", rounding)
     x, y, scale_buf, r_ends, padded_ends, s_ends = tensors
     B, R, C = x3.shape
-    grouped = r_ends is not None
+    grouped = layout.GROUPED
     if not grouped and R % ref.BLOCK:
         raise ValueError(f"block dim of size {R} is not a multiple of {ref.BLOCK}")
     R_GROUPS = r_ends.numel() if grouped else 1
@@ -132,8 +143,8 @@ def _quant_launch(tensors, x3, y3, s3, rounding, dequant, scale_mode, Hp, Wp, ti
     # programs on large inputs
     R_y = y3.shape[1]  # y's rows: R, or every group padded (PAD_Y)
     n_tail = tc.cdiv(R_y, 32 * NB * _TAIL_CHUNKS) if grouped else 0
-    if s_ends is None and scale_mode != PLAIN:  # BLOCKED_COL scales are grouped as the blocks are
-        s_ends = r_ends if scale_mode == BLOCKED_COL else one_group(C, x.device)
+    if s_ends is None and layout.SCALE_MODE != PLAIN:  # BLOCKED_COL scales are grouped as the blocks are
+        s_ends = r_ends if layout.SCALE_MODE == BLOCKED_COL else one_group(C, x.device)
     S_GROUPS = s_ends.numel() if s_ends is not None else 1
     n_r, n_c = n_main + n_tail, tc.cdiv(C, BLOCK_C * citers)
     grid = (n_r, n_c, B) if band == 0 else (n_r * n_c, 1, B)
@@ -145,10 +156,8 @@ def _quant_launch(tensors, x3, y3, s3, rounding, dequant, scale_mode, Hp, Wp, ti
         y if s_ends is None else s_ends, S_GROUPS, tc.pow2(S_GROUPS), Hp, Wp,
     )
     consts = dict(
-        RCEIL=rounding == "rceil", DEQUANT=dequant, SCALE_MODE=scale_mode, PAD_Y=padded_ends is not None,
-        GROUPED=grouped,
-        OUT_BF16=y3.t.dtype == torch.bfloat16, HW_CVT=x.is_cuda, NB=NB, BLOCK_C=BLOCK_C, CITERS=citers,
-        BAND=band, num_warps=warps,
+        RCEIL=rounding == "rceil", **layout._asdict(), OUT_BF16=y3.t.dtype == torch.bfloat16, HW_CVT=x.is_cuda,
+        NB=NB, BLOCK_C=BLOCK_C, CITERS=citers, BAND=band, num_warps=warps,
     )
     return mx_quant_kernel, grid, args, consts
 
@@ -163,7 +172,7 @@ def quantize(x: torch.Tensor, dim: int = -1, rounding: str = "rceil") -> tuple[t
     s_shape = list(x.shape)
     s_shape[dim] //= ref.BLOCK
     scales = torch.empty(s_shape, dtype=torch.uint8, device=x.device)
-    _launch_quant(_view3(x, dim), _view3(data, dim), rounding, dequant=False, s3=_view3(scales, dim),
+    _launch_quant(_view3(x, dim), _view3(data, dim), rounding, PLAIN_SCALES, s3=_view3(scales, dim),
                   scale_buf=scales)
     return data.view(torch.float8_e4m3fn), scales.view(torch.float8_e8m0fnu)
 
@@ -187,11 +196,11 @@ def _planned(key: tuple, x: torch.Tensor, offs: torch.Tensor | None) -> torch.Te
     return y
 
 
-def _plan(key: tuple, y: torch.Tensor, bits: bool, relaunch: Callable[..., None] | None) -> torch.Tensor:
+def _plan(key: tuple, y: torch.Tensor, layout: Layout, relaunch: Callable[..., None] | None) -> torch.Tensor:
     if relaunch is not None:
         if len(_plans) >= _MAX_ENTRIES:
             _plans.clear()
-        _plans[key] = (y.stride(), y.dtype, bits, relaunch)
+        _plans[key] = (y.stride(), y.dtype, _bf16_as_bits(layout), relaunch)
     return y
 
 
@@ -208,7 +217,7 @@ def quantize_dequantize(
     if x.shape[dim] % ref.BLOCK:
         raise ValueError(f"dim {dim} of shape {tuple(x.shape)} must be a multiple of {ref.BLOCK}")
     y = torch.empty_like(x, dtype=dtype or x.dtype)  # x's memory layout: coalesced writes
-    return _plan(key, y, False, _launch_quant(_view3(x, dim), _view3(y, dim), rounding, dequant=True))
+    return _plan(key, y, DEQUANTIZED, _launch_quant(_view3(x, dim), _view3(y, dim), rounding, DEQUANTIZED))
 
 
 def dequantize(
@@ -246,7 +255,7 @@ def quantize_groups(
     M, K = x_MK.shape
     data = torch.empty(M, K, dtype=torch.uint8, device=x_MK.device)
     scales = torch.zeros(ref.group_scale_rows(M, offs.numel()), K, dtype=torch.uint8, device=x_MK.device)
-    _launch_quant(_view3(x_MK, 0), _view3(data, 0), rounding, dequant=False, s3=_view3(scales, 0),
+    _launch_quant(_view3(x_MK, 0), _view3(data, 0), rounding, GROUPS_PLAIN_SCALES, s3=_view3(scales, 0),
                   r_ends=offs, scale_buf=scales)
     return data.view(torch.float8_e4m3fn), scales.view(torch.float8_e8m0fnu)
 
@@ -263,8 +272,8 @@ def quantize_dequantize_groups(
         return y
     _check_groups(x_MK, offs)
     y = torch.empty(x_MK.shape, dtype=dtype or x_MK.dtype, device=x_MK.device)
-    # the grouped quantize-dequantize takes bf16 as bits on GPUs too (see `_launch_quant`)
-    return _plan(key, y, True, _launch_quant(_view3(x_MK, 0), _view3(y, 0), rounding, dequant=True, r_ends=offs))
+    layout = GROUPS_DEQUANTIZED
+    return _plan(key, y, layout, _launch_quant(_view3(x_MK, 0), _view3(y, 0), rounding, layout, r_ends=offs))
 
 
 # --------------------------------------------------------------------------------------------
@@ -283,8 +292,8 @@ def quantize_rows_blocked(
     G = offs.numel()
     data = torch.empty(M, K, dtype=torch.uint8, device=x_MK.device)
     buf = torch.zeros(M + G * 128, Wp, dtype=torch.uint8, device=x_MK.device)
-    _launch_quant(_view3(x_MK, 1), _view3(data, 1), rounding, dequant=False,
-                  scale_mode=BLOCKED_ROW, s_ends=offs, Hp=0, Wp=Wp, scale_buf=buf)
+    _launch_quant(_view3(x_MK, 1), _view3(data, 1), rounding, ROWS_BLOCKED_SCALES, s_ends=offs, Hp=0, Wp=Wp,
+                  scale_buf=buf)
     return data.view(torch.float8_e4m3fn), buf.view(torch.float8_e8m0fnu)
 
 
@@ -300,8 +309,7 @@ def quantize_weight_blocked(
     Hp, Wp = ref._round_up(N, 128), ref._round_up(K // ref.BLOCK, 4)
     data = torch.empty(E, N, K, dtype=torch.uint8, device=w_ENK.device)
     buf = torch.zeros(E, Hp * Wp, dtype=torch.uint8, device=w_ENK.device)
-    _launch_quant(_view3(w_ENK, 2), _view3(data, 2), rounding, dequant=False,
-                  scale_mode=BLOCKED_ROW, Hp=Hp, Wp=Wp, scale_buf=buf)
+    _launch_quant(_view3(w_ENK, 2), _view3(data, 2), rounding, ROWS_BLOCKED_SCALES, Hp=Hp, Wp=Wp, scale_buf=buf)
     return data.view(torch.float8_e4m3fn), buf.view(torch.float8_e8m0fnu)
 
 
@@ -323,7 +331,7 @@ def quantize_groups_blocked(
     # the kernel writes the padded group ends; an empty x launches no kernel
     padded_offs = (torch.empty(G, dtype=torch.int32, device=x_MK.device) if M * K
                    else ref.padded_group_offs(ref.group_ends(offs, M)))
-    _launch_quant(_view3(x_MK, 0), _view3(data, 1), rounding, dequant=False,
-                  scale_mode=BLOCKED_COL, r_ends=offs, padded_ends=padded_offs, Hp=Hp, scale_buf=buf)
+    _launch_quant(_view3(x_MK, 0), _view3(data, 1), rounding, GROUPS_PADDED_BLOCKED_SCALES, r_ends=offs,
+                  padded_ends=padded_offs, Hp=Hp, scale_buf=buf)
     return data.view(torch.float8_e4m3fn), buf.view(torch.float8_e8m0fnu), padded_offs
 

@@ -3,20 +3,48 @@ bit-exact with `reference.py`, one pass over memory each.
 
 Every quantizer is one kernel, `mx_quant_kernel`, over a logical view X[b, r, c] of its input:
 blocks of 32 run along r; r may be cut into groups (token groups of the weight gradient; a block
-never straddles two groups), c is the other dim, b a batch (experts). The kernel writes either
-float8 data + e8m0 scales, or the dequantized values (the fused quantize-dequantize of the Hopper
-path). Scales go to one of the layouts of `triton_mx_scale_layout` (PLAIN, BLOCKED_COL,
-BLOCKED_ROW). No kernel reads `offs` on the host: grids are sized by static bounds and programs
-past the data exit early.
+never straddles two groups), c is the other dim, b a batch (experts). What a launch writes is one
+of the named `Layout`s below: float8 data + e8m0 scales, the scales in one of the layouts of
+`triton_mx_scale_layout` (PLAIN, BLOCKED_COL, BLOCKED_ROW), or the dequantized values (the fused
+quantize-dequantize of the Hopper path). No kernel reads `offs` on the host: grids are sized by
+static bounds and programs past the data exit early.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import triton
 import triton.language as tl
 
 from . import triton_common as tc
-from .triton_mx_scale_layout import scale_group_bounds, scale_offsets
+from .triton_mx_scale_layout import BLOCKED_COL, BLOCKED_ROW, PLAIN, scale_group_bounds, scale_offsets
+
+
+class Layout(NamedTuple):
+    """What a `mx_quant_kernel` launch writes, as the kernel's constexprs of the same names (the
+    launch passes `**layout._asdict()`); each quantizer launches one of the named layouts below."""
+
+    DEQUANT: bool  # y holds the dequantized values and no scales are written, else float8 data + scales
+    GROUPED: bool  # blocks run within the token groups whose ends are r_ends
+    PAD_Y: bool  # y holds every group padded to whole blocks, and the padded group ends are written
+    SCALE_MODE: int  # where the scales go (`triton_mx_scale_layout`): PLAIN, BLOCKED_COL or BLOCKED_ROW
+
+
+# float8 data, scales [b, block, c] at any strides
+PLAIN_SCALES = Layout(DEQUANT=False, GROUPED=False, PAD_Y=False, SCALE_MODE=PLAIN)
+# the dequantized values of blocks along r
+DEQUANTIZED = Layout(DEQUANT=True, GROUPED=False, PAD_Y=False, SCALE_MODE=PLAIN)
+# float8 data in blocks within token groups, scales [blocks of every group, c]
+GROUPS_PLAIN_SCALES = Layout(DEQUANT=False, GROUPED=True, PAD_Y=False, SCALE_MODE=PLAIN)
+# the dequantized values of blocks within token groups, zeros past the last group
+GROUPS_DEQUANTIZED = Layout(DEQUANT=True, GROUPED=True, PAD_Y=False, SCALE_MODE=PLAIN)
+# a native GEMM operand, rows blocked along K (r = K): scales in the GEMM's swizzled blocked layout,
+# grouped along the rows (token groups, or one group per expert of the weights)
+ROWS_BLOCKED_SCALES = Layout(DEQUANT=False, GROUPED=False, PAD_Y=False, SCALE_MODE=BLOCKED_ROW)
+# the native weight-gradient operand, blocked along the tokens (r = M): every token group padded to
+# whole blocks in y, scales in the GEMM's swizzled blocked layout per group
+GROUPS_PADDED_BLOCKED_SCALES = Layout(DEQUANT=False, GROUPED=True, PAD_Y=True, SCALE_MODE=BLOCKED_COL)
 
 
 @triton.jit
@@ -39,10 +67,10 @@ def mx_quant_kernel(
     r_ends_ptr, R_GROUPS: tl.constexpr, R_GROUPS_P2: tl.constexpr, padded_ends_ptr,
     s_ends_ptr, S_GROUPS: tl.constexpr, S_GROUPS_P2: tl.constexpr, Hp, Wp,
     RCEIL: tl.constexpr,
-    DEQUANT: tl.constexpr,
-    SCALE_MODE: tl.constexpr,
-    PAD_Y: tl.constexpr,
+    DEQUANT: tl.constexpr,  # DEQUANT to SCALE_MODE: the fields of the launch's `Layout`
     GROUPED: tl.constexpr,
+    PAD_Y: tl.constexpr,
+    SCALE_MODE: tl.constexpr,
     OUT_BF16: tl.constexpr,
     HW_CVT: tl.constexpr,
     NB: tl.constexpr,
