@@ -1,9 +1,9 @@
 """MoE block forward+backward: bf16 compiled vs the same module compiled with backend="mxfp8",
-once per recipe; or, with --gemms, the rate of each grouped GEMM of the block by kernel.
+once per recipe; or, with --gemms, the rate of each expert GEMM by role and kernel.
 
     python benchmarks/bench_moe_block.py [--out benchmarks/results/moe_block_h200.json]
         [--shapes dsv3,fine64] [--recipes mxfp8,fp8_rowwise] [--rounds 5]
-    python benchmarks/bench_moe_block.py --gemms [--autotune qwen3_30b,fine64]
+    python benchmarks/bench_moe_block.py --gemms [--autotune]
         [--out benchmarks/results/grouped_gemm_rates_h200.json]
 
 Block = w1 and w3 grouped GEMMs, silu-mul, w2 grouped GEMM (`shapes.GroupedExperts`), 32768
@@ -11,12 +11,12 @@ routed tokens in uneven groups, measured side by side in one run on one GPU: the
 turns over --rounds rounds, and each speedup is the median of the per-round ratios (host-bound
 shapes move by 0.1x and more between runs on a busy host).
 
---gemms times each GEMM alone on random operands (docs/performance.md, "FP8 grouped GEMM rates"):
-the forward layout (2d-3d) in torch's bf16 `_grouped_mm`, torch's rowwise FP8 `_scaled_grouped_mm`
-and our Triton FP8 grouped GEMM, and the weight-gradient layout (2d-2d) in torch's bf16 and FP8
-kernels; for the shapes given to --autotune also Inductor's Triton template for
-`_scaled_grouped_mm` under max-autotune (about two minutes of autotuning per GEMM). These rates
-say which kernel each fp8_rowwise GEMM should take per tokens per group.
+--gemms times each expert GEMM alone on random operands, uniform token groups, one row per role
+and shape of `RATE_SHAPES` (docs/performance.md, "FP8 grouped GEMM rates"): the forward and input
+gradient (2d-3d) in torch's bf16 `_grouped_mm`, torch's rowwise FP8 `_scaled_grouped_mm` and our
+Triton FP8 grouped GEMM, the weight gradient (2d-2d) in torch's bf16 and FP8 kernels; with
+--autotune also Inductor's Triton template for `_scaled_grouped_mm` under max-autotune (about two
+minutes of autotuning per GEMM).
 """
 
 from __future__ import annotations
@@ -26,12 +26,11 @@ import copy
 import datetime
 import json
 import statistics
-import time
 from functools import partial
 
 import torch
 import triton
-from shapes import SHAPES, TOKENS, block_and_inputs, require_gpu, uneven_counts
+from shapes import SHAPES, TOKENS, block_and_inputs, require_gpu
 from triton.testing import do_bench
 
 from mxfp8_inductor import mxfp8_backend  # also where the package is on PYTHONPATH, not installed
@@ -100,54 +99,53 @@ def _template(*args) -> float:
     return do_bench(lambda: f(*args), return_mode="median")
 
 
-def gemm_rates(shape: str, autotune: bool) -> list[dict]:
-    """TFLOP/s of the block's w1/w3 and w2 GEMMs per kernel, forward and weight-gradient layouts."""
-    from mxfp8_inductor.kernels import launch, triton_fp8_gemm
+# (experts, rows per group, K, N) of the forward GEMM: fine-grained and coarse layers at published
+# dimensions, then each benchmark block's w1/w3 and w2 at its mean group size
+RATE_SHAPES = [(128, 512, 2048, 1536), (128, 512, 768, 2048), (64, 1024, 2048, 2048), (64, 1024, 1024, 2048),
+               (32, 1024, 7168, 4096), (32, 1024, 2048, 7168), (8, 2048, 4096, 28672), (8, 2048, 14336, 4096)]
+RATE_SHAPES += [(E, TOKENS // E, *KN) for E, D, F in SHAPES.values() for KN in ((D, F), (F, D))]
 
-    E, D, F = SHAPES[shape]
-    counts = uneven_counts(E, TOKENS)
-    offs = torch.cumsum(counts, 0, dtype=torch.int32)
-    # torch's 2d-2d FP8 kernel takes token groups in multiples of 16 only (the weight-gradient
-    # quantizer pads them so), so the weight-gradient layout is timed on groups rounded to 16
-    padded = counts // 16 * 16
-    padded[0] += TOKENS - padded.sum()
-    offs_w = torch.cumsum(padded, 0, dtype=torch.int32)
-    rows = []
-    for gemm, (K, N) in {"w13": (D, F), "w2": (F, D)}.items():
-        x = torch.randn(TOKENS, K, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(E, N, K, device="cuda", dtype=torch.bfloat16)
-        dout = torch.randn(TOKENS, N, device="cuda", dtype=torch.bfloat16)
-        xq, wq = x.to(F8), w.to(F8)
-        sx, sw = torch.rand(TOKENS, device="cuda"), torch.rand(E, N, device="cuda")
-        gq, xq_t = dout.t().contiguous().to(F8), x.t().contiguous().to(F8)  # [N, M], [K, M]: K-major
-        sg, sxw = torch.rand(E * N, device="cuda"), torch.rand(E * K, device="cuda")
-        fwd = (xq, wq.transpose(-2, -1), sx, sw, offs)
-        wgrad = (gq, xq_t.t(), sg, sxw, offs_w)
-        scaled = partial(torch._scaled_grouped_mm, out_dtype=torch.bfloat16)
-        kernels = {
-            "fwd_bf16": partial(torch._grouped_mm, x, w.transpose(-2, -1), offs=offs),
-            "fwd_fp8_torch": partial(scaled, *fwd[:4], offs=offs),
-            "fwd_fp8_ours": partial(triton_fp8_gemm.scaled_grouped_mm, *fwd),
-            "wgrad_bf16": partial(torch._grouped_mm, dout.t(), x, offs=offs_w),
-            "wgrad_fp8_torch": partial(scaled, *wgrad[:4], offs=offs_w),
-        }
-        row = {"shape": shape, "gemm": gemm, "M": TOKENS, "K": K, "N": N, "E": E}
+
+def gemm_rates(experts: int, rows: int, K: int, N: int, autotune: bool) -> list[dict]:
+    """TFLOP/s of one expert GEMM per role and kernel, uniform groups of `rows` tokens. The forward
+    (x_MK @ w_EKN) and the input gradient (grad_MN @ w_ENK, the forward with K and N swapped) are
+    M-grouped 2d-3d GEMMs; the weight gradient (grad_NM @ x_MK per group) is K-grouped 2d-2d."""
+    from mxfp8_inductor.kernels import triton_fp8_gemm
+
+    M = experts * rows
+    offs = torch.arange(1, experts + 1, device="cuda", dtype=torch.int32) * rows
+    scaled = partial(torch._scaled_grouped_mm, out_dtype=torch.bfloat16)
+    out = []
+    for role, (k, n) in {"forward": (K, N), "dgrad": (N, K)}.items():
+        a_MK = torch.randn(M, k, device="cuda", dtype=torch.bfloat16)
+        w_ENK = torch.randn(experts, n, k, device="cuda", dtype=torch.bfloat16)
+        args = (a_MK.to(F8), w_ENK.to(F8).transpose(-2, -1), torch.rand(M, device="cuda"),
+                torch.rand(experts, n, device="cuda"), offs)
+        kernels = {"bf16": partial(torch._grouped_mm, a_MK, w_ENK.transpose(-2, -1), offs=offs),
+                   "fp8_torch": partial(scaled, *args[:4], offs=offs),
+                   "fp8_ours": partial(triton_fp8_gemm.scaled_grouped_mm, *args)}
+        out.append((role, k, n, kernels, partial(_template, *args)))
+    grad_NM = torch.randn(N, M, device="cuda", dtype=torch.bfloat16)  # the transposed output gradient
+    x_MK = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    args = (grad_NM.to(F8), x_MK.t().contiguous().to(F8).t(), torch.rand(experts * N, device="cuda"),
+            torch.rand(experts * K, device="cuda"), offs)
+    kernels = {"bf16": partial(torch._grouped_mm, grad_NM, x_MK, offs=offs),
+               "fp8_torch": partial(scaled, *args[:4], offs=offs)}
+    out.append(("wgrad", K, N, kernels, partial(_template, *args)))
+    rows_out = []
+    for role, k, n, kernels, template in out:
+        row = {"role": role, "experts": experts, "rows_per_group": rows, "K": k, "N": n}
+        ms = {}
         for name, fn in kernels.items():
             fn()  # our GEMM autotunes on its first call
-            row[f"{name}_ms"] = do_bench(fn, return_mode="median")
-        row["fwd_fp8_ours_config"] = str(launch._picked.get((triton_fp8_gemm._gemm_2d3d_tuned, (N, K))))
+            ms[name] = do_bench(fn, return_mode="median")
         if autotune:
-            start = time.perf_counter()
-            row["fwd_fp8_template_ms"] = _template(*fwd)
-            row["wgrad_fp8_template_ms"] = _template(*wgrad)
-            row["autotune_s"] = time.perf_counter() - start
-        flop = 2 * TOKENS * K * N
-        for key in [k for k in row if k.endswith("_ms")]:
-            row[key.removesuffix("_ms") + "_tflops"] = flop / row[key] / 1e9
-        print(f"{shape:<10} {gemm:<4} " + " ".join(f"{k.removesuffix('_tflops')} {v:5.0f}"
-                                                   for k, v in row.items() if k.endswith("_tflops")), flush=True)
-        rows.append(row)
-    return rows
+            ms["fp8_template"] = template()
+        for name, t in ms.items():
+            row[f"{name}_tflops"] = round(2 * M * k * n / t / 1e9, 1)
+        print(" ".join(f"{key} {v}" for key, v in row.items()), flush=True)
+        rows_out.append(row)
+    return rows_out
 
 
 def main() -> None:
@@ -157,17 +155,24 @@ def main() -> None:
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--recipes", default="mxfp8,fp8_rowwise")
     p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds per variant")
-    p.add_argument("--gemms", action="store_true", help="time each grouped GEMM of the block by kernel instead")
-    p.add_argument("--autotune", default="", help="with --gemms: shapes to time Inductor's max-autotune template at")
+    p.add_argument("--gemms", action="store_true", help="time each expert GEMM by role and kernel instead")
+    p.add_argument("--autotune", action="store_true", help="with --gemms: time Inductor's max-autotune template too")
     args = p.parse_args()
     require_gpu()
     rows = []
+    out = args.out or f"benchmarks/results/{'grouped_gemm_rates' if args.gemms else 'moe_block'}_h200.json"
+
+    def save() -> None:  # after every shape: a run cut short keeps what it measured
+        result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+                  "date": datetime.date.today().isoformat(), "rows": rows}
+        with open(out, "w") as f:
+            json.dump(result, f, indent=1)
+
     if args.gemms:
-        out = args.out or "benchmarks/results/grouped_gemm_rates_h200.json"
-        for shape in args.shapes.split(","):
-            rows += gemm_rates(shape, shape in args.autotune.split(","))
+        for shape in RATE_SHAPES:
+            rows += gemm_rates(*shape, args.autotune)
+            save()
     else:
-        out = args.out or "benchmarks/results/moe_block_h200.json"
         print(f"{'shape':<10} {'recipe':<12} {'bf16 ms':>8} {'ms':>8} {'bf16/recipe':>11} {'SQNR out':>8} "
               f"{'grads min':>9}")
         for shape in args.shapes.split(","):
@@ -176,10 +181,7 @@ def main() -> None:
                 rows.append(row)
                 print(f"{shape:<10} {row['recipe']:<12} {row['bf16_ms']:8.3f} {row['ms']:8.3f} {row['speedup']:10.2f}x"
                       f" {row['sqnr_out']:8.1f} {row['sqnr_grads_min']:9.1f}", flush=True)
-    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-              "date": datetime.date.today().isoformat(), "rows": rows}
-    with open(out, "w") as f:
-        json.dump(result, f, indent=1)
+            save()
     print(f"wrote {out}")
 
 
