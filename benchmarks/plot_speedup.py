@@ -28,10 +28,12 @@ def bars(rows: list[dict], group: str, series: str, title: str, out: pathlib.Pat
     names = list(dict.fromkeys(r[series] for r in rows))
     fig, ax = plt.subplots(figsize=(min(14.0, max(7.0, 0.3 * len(groups) * len(names))), 4.0))
     width = 0.8 / len(names)
+    tab20 = plt.get_cmap("tab20").colors  # tab10 repeats past ten series; dark shades first
+    colors = tab20[::2] + tab20[1::2]
     for i, name in enumerate(names):
         speed = {r[group]: r["speedup"] for r in rows if r[series] == name}
         xs = [g + i * width for g in range(len(groups))]
-        ax.bar(xs, [speed.get(g, 0) for g in groups], width, label=name)
+        ax.bar(xs, [speed.get(g, 0) for g in groups], width, label=name, color=colors[i % len(colors)])
         for x, g in zip(xs, groups):
             if g in (targets or {}).get(name, {}):
                 ax.hlines(targets[name][g], x - width / 2, x + width / 2, colors="k", linestyles="--")
