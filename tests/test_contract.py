@@ -377,3 +377,28 @@ def test_compiled_rowwise_with_bf16_weight_gradient():
     assert _differ(got["out"], next(contract.grouped_forward(x, b, offs, "mxfp8", "floor")))
     assert _differ(got["da"], next(contract.grouped_dgrad(dout, b, offs, "mxfp8", "floor")))
     assert_contract(got["db"], (torch._grouped_mm(x.t(), dout, offs), torch._grouped_mm(dout.t(), x, offs).mT))
+
+
+def test_compiled_auto_gives_each_gemm_its_own_recipe(monkeypatch):
+    """recipe="auto" with a calibration that picks a different recipe per role: each of the six
+    GEMMs (experts and dense layer; forward, input and weight gradient) is the contract's for the
+    recipe picked for it, so the per-GEMM choice reaches the numbers, not only the report."""
+    from mxfp8_inductor.lowering import auto
+
+    picks = {"grouped": ("fp8_rowwise", "mxfp8", "bf16"), "dense": ("mxfp8", "fp8_rowwise", "mxfp8")}
+    table = {kind: [dict(K=K, N=N, role=role, recipe=recipe, tokens=[1, 64], ratio=[r, r])
+                    for role, pick in zip(auto.ROLES, picks[kind]) for recipe in auto.FP8
+                    for r in [0.5 if recipe == pick else 2.0]]
+             for kind in picks}
+    monkeypatch.setattr(auto, "table", lambda: table)
+    inputs, got = _compiled_step("ENK", recipe="auto")
+    x, b, offs, dout = inputs["x"], inputs["b"], inputs["offs"], inputs["dout"]
+    assert_contract(got["out"], contract.grouped_forward(x, b, offs, "fp8_rowwise", "rceil"))
+    assert_contract(got["da"], contract.grouped_dgrad(dout, b, offs, "mxfp8", "rceil"))
+    assert_contract(got["db"], (torch._grouped_mm(x.t(), dout, offs), torch._grouped_mm(dout.t(), x, offs).mT))
+    y, w_NK, dz = inputs["y"], inputs["w_NK"], inputs["dz"]
+    assert_contract(got["z"], contract.linear_forward(y, w_NK, "mxfp8", "rceil"))
+    assert_contract(got["dy"], contract.linear_dgrad(dz, w_NK, "fp8_rowwise", "rceil"))
+    assert_contract(got["dw"], contract.linear_wgrad(dz, y, "mxfp8", "rceil"))
+    assert _differ(got["out"], next(contract.grouped_forward(x, b, offs, "mxfp8", "rceil")))
+    assert _differ(got["dy"], next(contract.linear_dgrad(dz, w_NK, "mxfp8", "rceil")))

@@ -196,6 +196,28 @@ def test_rowwise_fp8_gemms_match_their_emulation(monkeypatch, shape):
     assert sqnr(want[2], got[2]) >= 40
 
 
+def test_rowwise_dense_linear_matches_its_emulation(monkeypatch):
+    """A dense fp8_rowwise linear with a token count that is not a multiple of 16: its weight
+    gradient pads the tokens for torch's FP8 GEMM (`rowwise.dense_wgrad`), which must add nothing;
+    all three GEMMs compute what the CPU emulation computes, up to fp32 accumulation order."""
+    torch.manual_seed(5)
+    M, K, N = 1000, 2048, 1536
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * K**-0.5
+    grad = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+
+    def run():
+        x_, w_ = x.clone().requires_grad_(), w.clone().requires_grad_()
+        out = mx.linear(x_, w_, recipe="fp8_rowwise")
+        out.backward(grad)
+        return out, x_.grad, w_.grad
+
+    got = run()
+    monkeypatch.setattr(rw_lowering, "has_fp8_grouped_mm", lambda device: False)
+    for want, have in zip(run(), got):
+        assert sqnr(want, have) >= 40
+
+
 @pytest.mark.parametrize("rounding", ["rceil", "floor"])
 def test_rowwise_group_quantizer_bit_exact_on_gpu(rounding):
     from mxfp8_inductor.kernels import rowwise, triton_rowwise
