@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 from packaging.version import Version
+
+from ._warn import warn
 
 __version__ = "0.3.0"
 # the oldest torch with the Inductor hooks the pass uses, and the newest it is tested on
@@ -22,6 +22,5 @@ def check_torch(version: str = torch.__version__) -> None:
         raise ImportError(f"mxfp8_inductor needs torch >= {OLDEST[0]}.{OLDEST[1]} (tested: {tested}), "
                           f"found {version}: upgrade torch")
     if found > NEWEST:
-        warnings.warn(f"mxfp8_inductor is tested with torch {tested}, found {version}: the pass uses private "
-                      "Inductor hooks that may have changed; check your model with python -m mxfp8_inductor.check",
-                      stacklevel=3)
+        warn(f"mxfp8_inductor is tested with torch {tested}, found {version}: the pass uses private "
+                      "Inductor hooks that may have changed; check your model with python -m mxfp8_inductor.check")

@@ -4,12 +4,12 @@ the whole model or of each block, rewrites that model's grouped matmuls and nobo
 from __future__ import annotations
 
 import functools
-import warnings
 from typing import Any, TypeVar
 
 import torch
 
 from . import marks
+from ._warn import warn
 from .backend import install_marked_model_pass
 from .options import MXFP8Config
 
@@ -84,8 +84,11 @@ def _mark(model: M, config: MXFP8Config) -> M:
                          "with backend='mxfp8' or inductor_options(targets='all')")
     experts = [(fqn, f"{fqn}.{name}" if fqn else name) for fqn, module in model.named_modules()
                for name, p in module.named_parameters(recurse=False) if p.dim() == 3]
+    if not experts:
+        warn(f"{type(model).__name__} has no expert weights (3-D parameters): mxfp8() marks nothing in it; dense "
+             "linears are rewritten by compiling with backend='mxfp8' and targets='all'")
     for message in config.unmatched(experts):
-        warnings.warn(f"{message} in {type(model).__name__}", stacklevel=3)
+        warn(f"{message} in {type(model).__name__}")
     # everything that may raise (filter_fn, the checks, the pass's install) before the first mark,
     # so that an error leaves the model as it was
     key = config.key()
@@ -97,8 +100,8 @@ def _mark(model: M, config: MXFP8Config) -> M:
     install_marked_model_pass()
     before = {m.config.key() for module, *_ in plans if (m := module.__dict__.get(marks.ATTR)) is not None} - {key}
     if before:
-        warnings.warn(f"{type(model).__name__} was marked before with other options ({', '.join(sorted(before))}); "
-                      f"the new ones now apply: {key}", stacklevel=3)
+        warn(f"{type(model).__name__} was marked before with other options ({', '.join(sorted(before))}); "
+                      f"the new ones now apply: {key}")
     for module, fqn, filtered, cls in plans:
         marks.mark(module, fqn, config, filtered)
         module.__class__ = cls
@@ -111,9 +114,9 @@ def _warn_if_eager(module: torch.nn.Module, args: Any) -> None:
     """A marked expert module running outside torch.compile stays bf16: say so (once per process,
     as Python shows a warning from one line). Under compile Dynamo folds this to nothing."""
     if not torch.compiler.is_compiling():
-        warnings.warn("a model marked with mxfp8() ran its experts outside torch.compile, in bf16: the pass rewrites "
+        warn("a model marked with mxfp8() ran its experts outside torch.compile, in bf16: the pass rewrites "
                       "only compiled graphs; compile the model or its blocks (torch.compile, or --compile.enable "
-                      "with 'model' in --compile.components in TorchTitan)", stacklevel=2)
+                      "with 'model' in --compile.components in TorchTitan)")
 
 
 def mxfp8(target: Any = None, /, config: MXFP8Config | None = None, **options: Any) -> Any:

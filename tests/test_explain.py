@@ -50,17 +50,17 @@ class TestTorchTitanStyle(expecttest.TestCase):
     mxfp8.grouped_mm_dgrad.default mxfp8 rceil
     mxfp8.grouped_mm_wgrad.default mxfp8 rceil""")
         self.assertExpectedInline(str(report), """\
-module                weight                       role         action     reason                    
---------------------  ---------------------------  -----------  ---------  --------------------------
-layers.0.moe.experts  layers.0.moe.experts.w1_EFD  forward      rewritten  routed-expert grouped GEMM
-layers.0.moe.experts  layers.0.moe.experts.w1_EFD  input-grad   rewritten  routed-expert grouped GEMM
-layers.0.moe.experts  layers.0.moe.experts.w1_EFD  weight-grad  rewritten  routed-expert grouped GEMM
-layers.0.moe.experts  layers.0.moe.experts.w3_EFD  forward      rewritten  routed-expert grouped GEMM
-layers.0.moe.experts  layers.0.moe.experts.w3_EFD  input-grad   rewritten  routed-expert grouped GEMM
-layers.0.moe.experts  layers.0.moe.experts.w3_EFD  weight-grad  rewritten  routed-expert grouped GEMM
-layers.0.moe.experts  layers.0.moe.experts.w2_EDF  forward      rewritten  routed-expert grouped GEMM
-layers.0.moe.experts  layers.0.moe.experts.w2_EDF  input-grad   rewritten  routed-expert grouped GEMM
-layers.0.moe.experts  layers.0.moe.experts.w2_EDF  weight-grad  rewritten  routed-expert grouped GEMM
+module                weight                       role         action     recipe  reason                    
+--------------------  ---------------------------  -----------  ---------  ------  --------------------------
+layers.0.moe.experts  layers.0.moe.experts.w1_EFD  forward      rewritten  mxfp8   routed-expert grouped GEMM
+layers.0.moe.experts  layers.0.moe.experts.w1_EFD  input-grad   rewritten  mxfp8   routed-expert grouped GEMM
+layers.0.moe.experts  layers.0.moe.experts.w1_EFD  weight-grad  rewritten  mxfp8   routed-expert grouped GEMM
+layers.0.moe.experts  layers.0.moe.experts.w3_EFD  forward      rewritten  mxfp8   routed-expert grouped GEMM
+layers.0.moe.experts  layers.0.moe.experts.w3_EFD  input-grad   rewritten  mxfp8   routed-expert grouped GEMM
+layers.0.moe.experts  layers.0.moe.experts.w3_EFD  weight-grad  rewritten  mxfp8   routed-expert grouped GEMM
+layers.0.moe.experts  layers.0.moe.experts.w2_EDF  forward      rewritten  mxfp8   routed-expert grouped GEMM
+layers.0.moe.experts  layers.0.moe.experts.w2_EDF  input-grad   rewritten  mxfp8   routed-expert grouped GEMM
+layers.0.moe.experts  layers.0.moe.experts.w2_EDF  weight-grad  rewritten  mxfp8   routed-expert grouped GEMM
 9 rewritten; 0 graph break(s)""")
 
     def test_rewritten_dynamo_graph(self):

@@ -97,13 +97,32 @@ def test_fsdp2_either_order_keeps_the_mark(tmp_path):
         dist.destroy_process_group()
 
 
+def _at_this_line(caught) -> None:
+    """Every warning points at this file (the user's code), not into torch or the package."""
+    assert caught and {w.filename for w in caught} == {__file__}, [(w.filename, w.lineno) for w in caught]
+
+
 def test_patterns_that_match_nothing_warn_with_the_closest_fqns():
     torch.manual_seed(0)
-    with pytest.warns(UserWarning, match=r"exclude pattern 'layers.7.\*' matches no .*closest FQNs"):
+    with pytest.warns(UserWarning, match=r"exclude pattern 'layers.7.\*' matches no .*closest FQNs") as caught:
         mx.mxfp8(MoEModel(layers=2).bfloat16(), exclude=["layers.7.*"])
+    _at_this_line(caught)
     block = MoEModel(layers=2).bfloat16().layers[0]
-    with pytest.warns(UserWarning, match=r"exclude pattern 'layers.0.\*' matches no .*relative to the compiled"):
-        mx.explain(block, torch.randn(1, 32, 64, dtype=torch.bfloat16), options={"exclude": ["layers.0.*"]})
+    with pytest.warns(UserWarning, match=r"exclude pattern 'layers.0.\*' matches no .*relative to the compiled") as caught:
+        torch.compile(block, backend="mxfp8", options={"exclude": ["layers.0.*"]})(
+            torch.randn(1, 32, 64, dtype=torch.bfloat16))
+    _at_this_line([w for w in caught if issubclass(w.category, UserWarning)])
+
+
+def test_a_model_with_nothing_to_rewrite_warns_at_the_users_line():
+    dense = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64))
+    torch._dynamo.reset()
+    with pytest.warns(UserWarning, match=r"found no torch._grouped_mm in the graph compiled here") as caught:
+        torch.compile(dense, backend="mxfp8")(torch.randn(8, 64))
+    _at_this_line([w for w in caught if issubclass(w.category, UserWarning)])
+    with pytest.warns(UserWarning, match=r"Sequential has no expert weights .*targets='all'") as caught:
+        mx.mxfp8(dense)
+    _at_this_line(caught)
 
 
 def test_compiling_a_marked_model_with_other_options_warns():

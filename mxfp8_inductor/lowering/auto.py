@@ -26,6 +26,7 @@ ROLES = ("forward", "input-grad", "weight-grad")
 FP8 = ("fp8_rowwise", "mxfp8")
 MARGIN = 0.03
 _DATA = pathlib.Path(__file__).with_name("auto_h200.json")
+CALIBRATED_ON = "H200"  # the GPU _DATA was measured on; every choice's reason names it
 
 
 class Plan(NamedTuple):
@@ -108,11 +109,11 @@ def _auto(M: int | None, K: int, N: int, E: int, dense: bool) -> Plan:
         unit = "rows" if dense else "tokens per group"
         if best is not None and costs[best] < 1 - MARGIN:
             recipes.append(best)
-            reasons.append(f"{best} {1 / costs[best]:.2f}x bf16 at {tokens:.0f} {unit}")
+            reasons.append(f"{best} {1 / costs[best]:.2f}x bf16 at {tokens:.0f} {unit} ({CALIBRATED_ON} table)")
         else:
             recipes.append("bf16")
             shown = ", ".join(f"{r} {1 / c:.2f}x" for r, c in costs.items()) or "no FP8 recipe fits"
-            reasons.append(f"bf16: {shown} at {tokens:.0f} {unit}")
+            reasons.append(f"bf16: {shown} at {tokens:.0f} {unit} ({CALIBRATED_ON} table)")
     return Plan(tuple(recipes), tuple(reasons))
 
 

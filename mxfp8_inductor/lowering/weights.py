@@ -19,12 +19,13 @@ after them.
 from __future__ import annotations
 
 import threading
-import warnings
 import weakref
 from collections.abc import Callable
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from .._warn import warn
 
 # per parameter (by id, while its weak reference lives): the weak reference and its entries,
 # {(offset, shape, strides, kind): (version, data pointer, quantized tensors)}
@@ -110,7 +111,6 @@ def _warn_if_large(device: torch.device) -> None:
     if _warned or (capacity := _capacity(device)) is None or (held := cached_bytes()) <= WARN_FRACTION * capacity:
         return
     _warned = True
-    warnings.warn(f"the mxfp8 weight cache holds {held / 2**30:.1f} GiB of quantized weights, over "
+    warn(f"the mxfp8 weight cache holds {held / 2**30:.1f} GiB of quantized weights, over "
                   f"{WARN_FRACTION:.0%} of {device}'s memory, until the next optimizer step; "
-                  "weight_cache=False frees it at the cost of quantizing each weight in every GEMM",
-                  stacklevel=2)
+                  "weight_cache=False frees it at the cost of quantizing each weight in every GEMM")

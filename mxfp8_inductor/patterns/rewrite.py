@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import warnings
 
 import torch
 import torch.fx
 from torch._dynamo.utils import counters
 
+from .._warn import warn
 from ..lowering.auto import ROLES, Plan, plan_for
 from ..lowering.ops import linear_body, register_decompositions
 from ..options import MXFP8Config
@@ -50,6 +50,7 @@ class SiteReport:
     action: str  # "rewritten", "excluded", "skipped", "kept bf16" or "not computed"
     reason: str
     node: str
+    recipe: str  # what the GEMM runs in: "mxfp8", "fp8_rowwise", "bf16", or "-" when not computed
 
 
 def _hint(n) -> int | None:
@@ -114,7 +115,8 @@ def _rows(site: Site, node_name: str, action: str, reason: str, config: MXFP8Con
             act, why = "not computed", "the weight needs no gradient"
         elif action == "rewritten" and site_plan is not None and site_plan.recipes[i] == "bf16":
             act, why = "kept bf16", site_plan.reasons[i]
-        rows.append(SiteReport(site.module_fqn, site.weight_fqn, role, act, why, node_name))
+        recipe = site_plan.recipes[i] if act == "rewritten" else "-" if act == "not computed" else "bf16"
+        rows.append(SiteReport(site.module_fqn, site.weight_fqn, role, act, why, node_name, recipe))
     return rows
 
 
@@ -142,20 +144,26 @@ def _action(site: Site, config: MXFP8Config) -> tuple[str, str]:
 
 
 def _warn(sites: list[Site], config: MXFP8Config | None) -> None:
-    """Options that cannot do what the user meant on this graph."""
+    """Options that cannot do what the user meant on this graph, and a graph with nothing to
+    rewrite compiled with the backend."""
+    if config is not None and not sites:
+        what = "torch._grouped_mm or linear on a parameter weight" if config.targets == "all" else "torch._grouped_mm"
+        warn(f"backend='mxfp8' found no {what} in the graph compiled here: nothing in it is rewritten (a dense "
+             "model or block, or a graph break that left the experts elsewhere; mx.explain(model, *inputs) lists "
+             "each graph and its sites)")
     if config is not None and sites:
         # FQNs here are relative to the compiled module: a per-block compile sees "moe.experts",
         # not "layers.0.moe.experts" (marking the model keeps them global)
         for message in config.unmatched((s.module_fqn, s.weight_fqn) for s in sites):
-            warnings.warn(f"{message} in the graph compiled here (FQNs relative to the compiled module)", stacklevel=3)
+            warn(f"{message} in the graph compiled here (FQNs relative to the compiled module)")
     marked_elsewhere = {s.marked.config for s in sites if s.marked is not None and config is not None} - {config}
     if marked_elsewhere:
-        warnings.warn("this model was marked with mxfp8(...) options that differ from the ones the compile passes "
+        warn("this model was marked with mxfp8(...) options that differ from the ones the compile passes "
                       f"({sorted(c.key() for c in marked_elsewhere)} vs {config.key()}); the compile's options "
-                      "apply: compile a marked model with the default backend to use its own", stacklevel=3)
+                      "apply: compile a marked model with the default backend to use its own")
     if config is None and sites and not any(s.marked for s in sites) and any(map(_in_marked_module, sites)):
-        warnings.warn("a marked model's grouped matmuls could not be matched to its parameters: they stay in bf16 "
-                      "(pass backend='mxfp8' with options to rewrite them regardless)", stacklevel=3)
+        warn("a marked model's grouped matmuls could not be matched to its parameters: they stay in bf16 "
+                      "(pass backend='mxfp8' with options to rewrite them regardless)")
 
 
 def rewrite(gm: torch.fx.GraphModule, config: MXFP8Config | None) -> list[SiteReport]:
@@ -188,5 +196,6 @@ def rewrite(gm: torch.fx.GraphModule, config: MXFP8Config | None) -> list[SiteRe
         module.recompile()
     for r in rows:
         counters["inductor"][f"mxfp8_{r.role}_{r.action}".replace(" ", "_").replace("-", "_")] += 1
-        log.info("mxfp8: %s %s %s (%s): %s", r.role, r.action, r.weight_fqn or r.module_fqn, r.node, r.reason)
+        log.info("mxfp8: %s %s in %s, %s (%s): %s", r.role, r.action, r.recipe, r.weight_fqn or r.module_fqn, r.node,
+                 r.reason)
     return rows

@@ -79,7 +79,9 @@ def test_pass_puts_each_roles_choice_in_the_op_and_the_report(table):
     assert code.count("'fp8_rowwise', 'fp8_rowwise', 'bf16', 'rceil'") == 3
     actions = {(s.role, s.action) for s in report.sites}
     assert actions == {("forward", "rewritten"), ("input-grad", "rewritten"), ("weight-grad", "kept bf16")}
-    assert all("at 8 tokens per group" in s.reason for s in report.sites)
+    assert all("at 8 tokens per group (H200 table)" in s.reason for s in report.sites)
+    assert {(s.role, s.recipe) for s in report.sites} == {
+        ("forward", "fp8_rowwise"), ("input-grad", "fp8_rowwise"), ("weight-grad", "bf16")}
 
 
 def test_where_fp8_loses_everywhere_the_site_stays_untouched(table):
