@@ -108,7 +108,8 @@ def test_patterns_that_match_nothing_warn_with_the_closest_fqns():
         mx.mxfp8(MoEModel(layers=2).bfloat16(), exclude=["layers.7.*"])
     _at_this_line(caught)
     block = MoEModel(layers=2).bfloat16().layers[0]
-    with pytest.warns(UserWarning, match=r"exclude pattern 'layers.0.\*' matches no .*relative to the compiled") as caught:
+    unmatched = r"exclude pattern 'layers.0.\*' matches no .*relative to the compiled"
+    with pytest.warns(UserWarning, match=unmatched) as caught:
         torch.compile(block, backend="mxfp8", options={"exclude": ["layers.0.*"]})(
             torch.randn(1, 32, 64, dtype=torch.bfloat16))
     _at_this_line([w for w in caught if issubclass(w.category, UserWarning)])

@@ -98,8 +98,8 @@ def ratio(kind: str, role: str, recipe: str, K: int, N: int, tokens: float) -> f
 
 
 def _auto(M: int | None, K: int, N: int, E: int, dense: bool) -> Plan:
-    if M is None:
-        return Plan(("bf16",) * 3, ("token count unknown at compile time",) * 3)
+    if M is None:  # left to the op, which picks per call from its shapes (lowering/ops.py)
+        return Plan(("auto",) * 3, ("token count dynamic at compile time: chosen per call by its own",) * 3)
     tokens = M if dense else M / max(E, 1)
     recipes, reasons = [], []
     for role in ROLES:
@@ -136,9 +136,10 @@ def _fixed_recipe(device: torch.device | None) -> str | None:
 def plan_for(recipe: str, wgrad: str, *, M: int | None, K: int, N: int, E: int, dense: bool,
              device: torch.device | None = None) -> Plan:
     """The recipe of each GEMM of one site: `recipe` for all three (the weight gradient in bf16
-    with wgrad="bf16"), or with "auto" the cost model's choice for M token rows (None: unknown)
-    on `device`: compute capability 10.x takes native MXFP8 everywhere (not calibrated here),
-    other GPUs (ROCm ones included) bf16."""
+    with wgrad="bf16"), or with "auto" the cost model's choice for M token rows on `device` (M
+    None, dynamic or unknown at compile time: "auto", chosen per call by the op); compute
+    capability 10.x takes native MXFP8 everywhere (not calibrated here), other GPUs (ROCm ones
+    included) bf16."""
     fixed = _fixed_recipe(device) if recipe == "auto" else None
     if fixed == "mxfp8" and K % MULTIPLE_OF["mxfp8"] == 0 and N % MULTIPLE_OF["mxfp8"] == 0:
         plan = Plan(("mxfp8",) * 3, ("compute capability 10.x: native MXFP8 (the cost model is Hopper's)",) * 3)

@@ -18,7 +18,7 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ..eligibility import check_grouped_mm_args, check_linear_args
-from . import bf16, mxfp8, rowwise
+from . import auto, bf16, mxfp8, rowwise
 from .auto import plan_for
 from .library import LIB
 from .recipe import Recipe
@@ -30,15 +30,47 @@ def _result(out, like: torch.Tensor):
     return out if out is NotImplemented else out.to(like.dtype)
 
 
+# run-time "auto" choices per (M, K, N, E, dense, device), with the calibration they were read
+# from (a test may swap it): a plan costs tens of microseconds, a lookup well under one
+_CHOICES: dict[tuple, tuple[dict, tuple[str, str, str]]] = {}
+_MAX_CHOICES = 4096  # token counts vary per step under expert parallelism: start over past this
+
+
+def _pick(recipe: str, role: int, M: int, K: int, N: int, E: int, dense: bool, device: torch.device) -> str:
+    """The recipe of one GEMM. "auto" here is a choice the pass left to run time (the token count
+    was dynamic when it compiled): made per call from this call's shapes, as the eager op does."""
+    if recipe != "auto":
+        return recipe
+    key, calibration = (M, K, N, E, dense, device), auto.table()
+    hit = _CHOICES.get(key)
+    if hit is None or hit[0] is not calibration:
+        if len(_CHOICES) >= _MAX_CHOICES:
+            _CHOICES.clear()
+        plan = plan_for("auto", "quantized", M=M, K=K, N=N, E=E, dense=dense, device=device)
+        hit = _CHOICES[key] = (calibration, plan.recipes)
+    return hit[1][role]
+
+
 def _forward(a, b, offs, forward, dgrad, wgrad, rounding, param, *, decomposing=False):
+    if forward == "auto" and decomposing:
+        return NotImplemented  # decided per call: Inductor keeps the op
+    forward = _pick(forward, 0, a.shape[0], b.shape[-2], b.shape[-1], b.shape[0], False, a.device)
     return _result(RECIPES[forward].forward(a, b, offs, rounding, param, decomposing), a)
 
 
 def _dgrad(grad, b, offs, recipe, rounding, param, *, decomposing=False):
+    if recipe == "auto" and decomposing:
+        return NotImplemented
+    recipe = _pick(recipe, 1, grad.shape[0], b.shape[-2], b.shape[-1], b.shape[0], False, grad.device)
     return _result(RECIPES[recipe].dgrad(grad, b, offs, rounding, param, decomposing), grad)
 
 
 def _wgrad(grad, a, offs, recipe, rounding, *, decomposing=False):
+    """db[E, K, N] from grad[M, N] and a[M, K], or db[E, N, K] with the two swapped (never for a
+    run-time "auto", which reads K and N from the operands)."""
+    if recipe == "auto" and decomposing:
+        return NotImplemented
+    recipe = _pick(recipe, 2, grad.shape[0], a.shape[1], grad.shape[1], offs.shape[0], False, grad.device)
     return _result(RECIPES[recipe].wgrad(grad, a, offs, rounding, decomposing), grad)
 
 
@@ -105,9 +137,10 @@ def _backward(ctx, grad):
     if ctx.needs_input_grad[1]:
         # the weight gradient is symmetric in its operands: compute it in the weight's own
         # layout (b is usually a transposed view of [E, N, K]), which saves a transposing copy
-        x, y = (grad, a) if b.stride(-2) == 1 else (a, grad)
+        swap = b.stride(-2) == 1 and ctx.wgrad != "auto"
+        x, y = (grad, a) if swap else (a, grad)
         db = grouped_mm_wgrad_op(y, x, offs, ctx.wgrad, ctx.rounding)
-        db = (db.transpose(-2, -1) if b.stride(-2) == 1 else db).to(b.dtype)
+        db = (db.transpose(-2, -1) if swap else db).to(b.dtype)
     return da, db, None, None, None, None, None, None
 
 
@@ -119,14 +152,23 @@ grouped_mm_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def _dense_forward(x, w, forward, dgrad, wgrad, rounding, param, *, decomposing=False):
+    if forward == "auto" and decomposing:
+        return NotImplemented
+    forward = _pick(forward, 0, x.shape[0], w.shape[1], w.shape[0], 1, True, x.device)
     return _result(RECIPES[forward].dense_forward(x, w, rounding, param, decomposing), x)
 
 
 def _dense_dgrad(grad, w, recipe, rounding, param, *, decomposing=False):
+    if recipe == "auto" and decomposing:
+        return NotImplemented
+    recipe = _pick(recipe, 1, grad.shape[0], w.shape[1], w.shape[0], 1, True, grad.device)
     return _result(RECIPES[recipe].dense_dgrad(grad, w, rounding, param, decomposing), grad)
 
 
 def _dense_wgrad(grad, x, recipe, rounding, *, decomposing=False):
+    if recipe == "auto" and decomposing:
+        return NotImplemented
+    recipe = _pick(recipe, 2, grad.shape[0], x.shape[1], grad.shape[1], 1, True, grad.device)
     return _result(RECIPES[recipe].dense_wgrad(grad, x, rounding, decomposing), grad)
 
 
@@ -192,11 +234,19 @@ def register_decompositions() -> None:
     """Let Inductor decompose the GEMM ops into their quantizers and GEMMs, so identical
     quantizations (the tokens feeding w1 and w3) are computed once. Called on first use of an
     entry point, and by the forward ops' fake impls (any trace of them), never on import."""
-    from torch._inductor import decomposition
+    from torch._inductor import decomposition, lowering
+    from torch._library.utils import get_layout_constraint_tag
 
     for op, fn in ((grouped_mm_op, _forward), (grouped_mm_dgrad_op, _dgrad), (grouped_mm_wgrad_op, _wgrad),
                    (linear_op, _dense_forward), (linear_dgrad_op, _dense_dgrad), (linear_wgrad_op, _dense_wgrad)):
-        decomposition.decompositions[op._opoverload] = functools.partial(fn, decomposing=True)
+        overload = op._opoverload
+        decomposition.decompositions[overload] = functools.partial(fn, decomposing=True)
+        # a decomposition returning NotImplemented (a recipe chosen per call, the native path)
+        # leaves the op in the graph, which Inductor refuses for an op it has a decomposition of
+        # unless a fallback lowering says to call it as an extern kernel (with the layout
+        # constraint Inductor gives any custom op)
+        constraint = lowering.tag_to_layout_constraint(get_layout_constraint_tag(overload, with_default=True))
+        lowering.make_fallback(overload, layout_constraint=constraint, override_decomp=True)
     decomposition.fast_random_decomps.cache_clear()  # a cached copy of the table predates us
 
 

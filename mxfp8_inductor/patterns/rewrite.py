@@ -27,6 +27,7 @@ import logging
 import torch
 import torch.fx
 from torch._dynamo.utils import counters
+from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
 from .._warn import warn
 from ..lowering.auto import ROLES, Plan, plan_for
@@ -50,14 +51,13 @@ class SiteReport:
     action: str  # "rewritten", "excluded", "skipped", "kept bf16" or "not computed"
     reason: str
     node: str
-    recipe: str  # what the GEMM runs in: "mxfp8", "fp8_rowwise", "bf16", or "-" when not computed
+    recipe: str  # what the GEMM runs in: "mxfp8", "fp8_rowwise", "bf16", "auto" (chosen per call), "-" (not run)
 
 
-def _hint(n) -> int | None:
-    """A size's value at compile time (the example's, for a dynamic one)."""
-    if isinstance(n, torch.SymInt):
-        return n.node.hint
-    return int(n)
+def _static(n) -> int | None:
+    """A size's value when the graph is compiled for that value only; None for a dynamic size
+    (whose example value the next calls need not share)."""
+    return int(n) if is_concrete_int(n) else None
 
 
 def plan(site: Site, config: MXFP8Config) -> Plan:
@@ -65,10 +65,10 @@ def plan(site: Site, config: MXFP8Config) -> Plan:
     a, b = _val(site.a), _val(site.b)
     if site.dense:
         N, K = b.shape
-        rows = _hint(a.numel())
+        rows = _static(a.numel())
         M, E = (None if rows is None else rows // K), 1
     else:
-        (E, K, N), M = b.shape, _hint(a.shape[0])
+        (E, K, N), M = b.shape, _static(a.shape[0])
     return plan_for(config.recipe, config.wgrad, M=M, K=K, N=N, E=E, dense=site.dense, device=b.device)
 
 

@@ -53,7 +53,7 @@ def test_each_role_takes_fp8_only_where_it_is_faster_by_the_margin(table):
     assert "fp8_rowwise 1.02x" in plan.reasons[1] and "mxfp8 0.67x" in plan.reasons[1]
     assert auto.plan_for("auto", "bf16", M=256, K=64, N=128, E=8, dense=False).reasons[2] == "wgrad='bf16'"
     unknown = auto.plan_for("auto", "quantized", M=None, K=64, N=128, E=8, dense=False)
-    assert unknown.recipes == ("bf16",) * 3 and "unknown" in unknown.reasons[0]
+    assert unknown.recipes == ("auto",) * 3 and "chosen per call" in unknown.reasons[0]
     # mxfp8 needs K and N in blocks of 32: a K of 48 leaves fp8_rowwise only
     table(1.5, 1.5, 1.5)
     assert "mxfp8" not in auto.plan_for("auto", "quantized", M=256, K=48, N=128, E=8, dense=False).reasons[0]
@@ -134,3 +134,45 @@ def test_only_cuda_hopper_and_cpu_use_the_h200_table(table, monkeypatch, hip, ca
     assert plan.recipes == (("fp8_rowwise",) * 3 if uses_table else ("bf16",) * 3), plan
     on_cpu = auto.plan_for("auto", "quantized", M=256, K=64, N=128, E=8, dense=False, device=torch.device("cpu"))
     assert on_cpu.recipes == ("fp8_rowwise",) * 3
+
+
+class _Experts(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4, 128, 64, dtype=torch.bfloat16))  # [E, N, K], used transposed
+
+    def forward(self, x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+        return torch._grouped_mm(x, self.w.transpose(-2, -1), offs=offs)
+
+
+def test_a_dynamic_token_count_is_chosen_per_call(monkeypatch):
+    """A 512-token batch compiles to fp8_rowwise; an 8-token batch then recompiles the graph with
+    a dynamic token count, where the choice is the op's, per call: the next 512-token batch runs
+    fp8_rowwise again (not the small batch's bf16), each call as the eager op computes it."""
+    rows = [dict(K=64, N=128, role=role, recipe=recipe, tokens=[4, 64], ratio=[2.0, 0.5] if recipe == "fp8_rowwise"
+                 else [2.0, 2.0]) for role in auto.ROLES for recipe in auto.FP8]
+    monkeypatch.setattr(auto, "table", lambda: {"grouped": rows, "dense": rows})
+    torch.manual_seed(0)
+    model = _Experts()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="mxfp8", options={"recipe": "auto"})
+    for M, recipe in ((512, "fp8_rowwise"), (8, "bf16"), (512, "fp8_rowwise")):
+        x = torch.randn(M, 64, dtype=torch.bfloat16, requires_grad=True)
+        offs = torch.arange(1, 5, dtype=torch.int32) * (M // 4)
+        got = compiled(x, offs)
+        got.float().square().sum().backward()
+        got_grads = (x.grad, model.w.grad)
+        x.grad = model.w.grad = None
+        want = mx.grouped_mm(x, model.w.transpose(-2, -1), offs, recipe="auto")  # decides for this M
+        want.float().square().sum().backward()
+        for a, b in zip((got, *got_grads), (want, x.grad, model.w.grad)):
+            assert torch.equal(a, b), (M, recipe)
+        model.w.grad = None
+        bf16 = torch._grouped_mm(x, model.w.transpose(-2, -1), offs=offs)
+        assert torch.equal(got, bf16) == (recipe == "bf16"), (M, recipe)
+    x = torch.randn(8, 64, dtype=torch.bfloat16, requires_grad=True)
+    torch._dynamo.mark_dynamic(x, 0)
+    report = mx.explain(model, x, torch.arange(1, 5, dtype=torch.int32) * 2, options={"recipe": "auto"})
+    assert "'auto', 'auto', 'auto'" in "".join(report.graphs)
+    assert {(s.recipe, s.action) for s in report.sites} == {("auto", "rewritten")}
+    assert all("token count dynamic at compile time: chosen per call" in s.reason for s in report.sites)
