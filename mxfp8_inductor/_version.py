@@ -23,4 +23,4 @@ def check_torch(version: str = torch.__version__) -> None:
                           f"found {version}: upgrade torch")
     if found > NEWEST:
         warn(f"mxfp8_inductor is tested with torch {tested}, found {version}: the pass uses private "
-                      "Inductor hooks that may have changed; check your model with python -m mxfp8_inductor.check")
+             "Inductor hooks that may have changed; check your model with python -m mxfp8_inductor.check")

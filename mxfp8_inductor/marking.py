@@ -101,7 +101,7 @@ def _mark(model: M, config: MXFP8Config) -> M:
     before = {m.config.key() for module, *_ in plans if (m := module.__dict__.get(marks.ATTR)) is not None} - {key}
     if before:
         warn(f"{type(model).__name__} was marked before with other options ({', '.join(sorted(before))}); "
-                      f"the new ones now apply: {key}")
+             f"the new ones now apply: {key}")
     for module, fqn, filtered, cls in plans:
         marks.mark(module, fqn, config, filtered)
         module.__class__ = cls
@@ -115,8 +115,8 @@ def _warn_if_eager(module: torch.nn.Module, args: Any) -> None:
     as Python shows a warning from one line). Under compile Dynamo folds this to nothing."""
     if not torch.compiler.is_compiling():
         warn("a model marked with mxfp8() ran its experts outside torch.compile, in bf16: the pass rewrites "
-                      "only compiled graphs; compile the model or its blocks (torch.compile, or --compile.enable "
-                      "with 'model' in --compile.components in TorchTitan)")
+             "only compiled graphs; compile the model or its blocks (torch.compile, or --compile.enable "
+             "with 'model' in --compile.components in TorchTitan)")
 
 
 def mxfp8(target: Any = None, /, config: MXFP8Config | None = None, **options: Any) -> Any:

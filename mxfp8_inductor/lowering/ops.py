@@ -36,11 +36,9 @@ _CHOICES: dict[tuple, tuple[dict, tuple[str, str, str]]] = {}
 _MAX_CHOICES = 4096  # token counts vary per step under expert parallelism: start over past this
 
 
-def _pick(recipe: str, role: int, M: int, K: int, N: int, E: int, dense: bool, device: torch.device) -> str:
-    """The recipe of one GEMM. "auto" here is a choice the pass left to run time (the token count
-    was dynamic when it compiled): made per call from this call's shapes, as the eager op does."""
-    if recipe != "auto":
-        return recipe
+def _choice(role: int, M: int, K: int, N: int, E: int, dense: bool, device: torch.device) -> str:
+    """A choice the pass left to run time ("auto": the token count was dynamic when it compiled),
+    made per call from this call's shapes, as the eager op makes it."""
     key, calibration = (M, K, N, E, dense, device), auto.table()
     hit = _CHOICES.get(key)
     if hit is None or hit[0] is not calibration:
@@ -51,27 +49,32 @@ def _pick(recipe: str, role: int, M: int, K: int, N: int, E: int, dense: bool, d
     return hit[1][role]
 
 
+def _gemm(method: str, recipe: str, role: int, like: torch.Tensor, MKNE: tuple[int, int, int, int], *args,
+          decomposing: bool):
+    """`RECIPES[recipe].<method>(*args, decomposing)` in `like`'s dtype; a run-time "auto" is
+    chosen for this call's M, K, N, E, and declines to decompose (Inductor keeps the op)."""
+    if recipe == "auto":
+        if decomposing:
+            return NotImplemented
+        recipe = _choice(role, *MKNE, method.startswith("dense"), like.device)
+    return _result(getattr(RECIPES[recipe], method)(*args, decomposing), like)
+
+
 def _forward(a, b, offs, forward, dgrad, wgrad, rounding, param, *, decomposing=False):
-    if forward == "auto" and decomposing:
-        return NotImplemented  # decided per call: Inductor keeps the op
-    forward = _pick(forward, 0, a.shape[0], b.shape[-2], b.shape[-1], b.shape[0], False, a.device)
-    return _result(RECIPES[forward].forward(a, b, offs, rounding, param, decomposing), a)
+    MKNE = (a.shape[0], b.shape[-2], b.shape[-1], b.shape[0])
+    return _gemm("forward", forward, 0, a, MKNE, a, b, offs, rounding, param, decomposing=decomposing)
 
 
 def _dgrad(grad, b, offs, recipe, rounding, param, *, decomposing=False):
-    if recipe == "auto" and decomposing:
-        return NotImplemented
-    recipe = _pick(recipe, 1, grad.shape[0], b.shape[-2], b.shape[-1], b.shape[0], False, grad.device)
-    return _result(RECIPES[recipe].dgrad(grad, b, offs, rounding, param, decomposing), grad)
+    MKNE = (grad.shape[0], b.shape[-2], b.shape[-1], b.shape[0])
+    return _gemm("dgrad", recipe, 1, grad, MKNE, grad, b, offs, rounding, param, decomposing=decomposing)
 
 
 def _wgrad(grad, a, offs, recipe, rounding, *, decomposing=False):
     """db[E, K, N] from grad[M, N] and a[M, K], or db[E, N, K] with the two swapped (never for a
     run-time "auto", which reads K and N from the operands)."""
-    if recipe == "auto" and decomposing:
-        return NotImplemented
-    recipe = _pick(recipe, 2, grad.shape[0], a.shape[1], grad.shape[1], offs.shape[0], False, grad.device)
-    return _result(RECIPES[recipe].wgrad(grad, a, offs, rounding, decomposing), grad)
+    MKNE = (grad.shape[0], a.shape[1], grad.shape[1], offs.shape[0])
+    return _gemm("wgrad", recipe, 2, grad, MKNE, grad, a, offs, rounding, decomposing=decomposing)
 
 
 @torch.library.custom_op(f"{LIB}::grouped_mm", mutates_args=())
@@ -152,24 +155,18 @@ grouped_mm_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def _dense_forward(x, w, forward, dgrad, wgrad, rounding, param, *, decomposing=False):
-    if forward == "auto" and decomposing:
-        return NotImplemented
-    forward = _pick(forward, 0, x.shape[0], w.shape[1], w.shape[0], 1, True, x.device)
-    return _result(RECIPES[forward].dense_forward(x, w, rounding, param, decomposing), x)
+    MKNE = (x.shape[0], w.shape[1], w.shape[0], 1)
+    return _gemm("dense_forward", forward, 0, x, MKNE, x, w, rounding, param, decomposing=decomposing)
 
 
 def _dense_dgrad(grad, w, recipe, rounding, param, *, decomposing=False):
-    if recipe == "auto" and decomposing:
-        return NotImplemented
-    recipe = _pick(recipe, 1, grad.shape[0], w.shape[1], w.shape[0], 1, True, grad.device)
-    return _result(RECIPES[recipe].dense_dgrad(grad, w, rounding, param, decomposing), grad)
+    MKNE = (grad.shape[0], w.shape[1], w.shape[0], 1)
+    return _gemm("dense_dgrad", recipe, 1, grad, MKNE, grad, w, rounding, param, decomposing=decomposing)
 
 
 def _dense_wgrad(grad, x, recipe, rounding, *, decomposing=False):
-    if recipe == "auto" and decomposing:
-        return NotImplemented
-    recipe = _pick(recipe, 2, grad.shape[0], x.shape[1], grad.shape[1], 1, True, grad.device)
-    return _result(RECIPES[recipe].dense_wgrad(grad, x, rounding, decomposing), grad)
+    MKNE = (grad.shape[0], x.shape[1], grad.shape[1], 1)
+    return _gemm("dense_wgrad", recipe, 2, grad, MKNE, grad, x, rounding, decomposing=decomposing)
 
 
 @torch.library.custom_op(f"{LIB}::linear", mutates_args=())

@@ -112,5 +112,5 @@ def _warn_if_large(device: torch.device) -> None:
         return
     _warned = True
     warn(f"the mxfp8 weight cache holds {held / 2**30:.1f} GiB of quantized weights, over "
-                  f"{WARN_FRACTION:.0%} of {device}'s memory, until the next optimizer step; "
-                  "weight_cache=False frees it at the cost of quantizing each weight in every GEMM")
+         f"{WARN_FRACTION:.0%} of {device}'s memory, until the next optimizer step; "
+         "weight_cache=False frees it at the cost of quantizing each weight in every GEMM")

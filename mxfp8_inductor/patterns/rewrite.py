@@ -151,7 +151,7 @@ def _warn(sites: list[Site], config: MXFP8Config | None) -> None:
         warn(f"backend='mxfp8' found no {what} in the graph compiled here: nothing in it is rewritten (a dense "
              "model or block, or a graph break that left the experts elsewhere; mx.explain(model, *inputs) lists "
              "each graph and its sites)")
-    if config is not None and sites:
+    elif config is not None:
         # FQNs here are relative to the compiled module: a per-block compile sees "moe.experts",
         # not "layers.0.moe.experts" (marking the model keeps them global)
         for message in config.unmatched((s.module_fqn, s.weight_fqn) for s in sites):
@@ -159,11 +159,11 @@ def _warn(sites: list[Site], config: MXFP8Config | None) -> None:
     marked_elsewhere = {s.marked.config for s in sites if s.marked is not None and config is not None} - {config}
     if marked_elsewhere:
         warn("this model was marked with mxfp8(...) options that differ from the ones the compile passes "
-                      f"({sorted(c.key() for c in marked_elsewhere)} vs {config.key()}); the compile's options "
-                      "apply: compile a marked model with the default backend to use its own")
+             f"({sorted(c.key() for c in marked_elsewhere)} vs {config.key()}); the compile's options "
+             "apply: compile a marked model with the default backend to use its own")
     if config is None and sites and not any(s.marked for s in sites) and any(map(_in_marked_module, sites)):
         warn("a marked model's grouped matmuls could not be matched to its parameters: they stay in bf16 "
-                      "(pass backend='mxfp8' with options to rewrite them regardless)")
+             "(pass backend='mxfp8' with options to rewrite them regardless)")
 
 
 def rewrite(gm: torch.fx.GraphModule, config: MXFP8Config | None) -> list[SiteReport]:
