@@ -8,9 +8,10 @@ from typing import Any, TypeVar
 
 import torch
 
-from . import marks
+from . import fsdp, marks
 from ._warn import warn
 from .backend import install_marked_model_pass
+from .kernels.shared_weight import TILE
 from .options import MXFP8Config
 
 M = TypeVar("M", bound=torch.nn.Module)
@@ -103,11 +104,38 @@ def _mark(model: M, config: MXFP8Config) -> M:
         warn(f"{type(model).__name__} was marked before with other options ({', '.join(sorted(before))}); "
              f"the new ones now apply: {key}")
     for module, fqn, filtered, cls in plans:
+        _set_all_gather(module, fqn, config, cls._mxfp8_kept_bf16)
         marks.mark(module, fqn, config, filtered)
         module.__class__ = cls
         if _warn_if_eager not in module._forward_pre_hooks.values():
             module.register_forward_pre_hook(_warn_if_eager)
     return model
+
+
+def _sharded(p: torch.Tensor) -> bool:
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(p, DTensor)
+
+
+def _set_all_gather(module: torch.nn.Module, fqn: str, config: MXFP8Config, kept: frozenset[str]) -> None:
+    """Make the module's rewritten expert weights FP8AllGatherWeight parameters where the options
+    ask for FP8 all-gathers, plain ones otherwise."""
+    for name, p in list(module.named_parameters(recurse=False)):
+        if p.dim() != 3:
+            continue
+        # an mxfp8 weight of no whole tiles is skipped by the pass, and so gathered as it is
+        wanted = config.fsdp_fp8_all_gather and name not in kept and (
+            config.recipe != "mxfp8" or not (p.shape[-1] % TILE or p.shape[-2] % TILE))
+        if wanted and _sharded(p):
+            raise ValueError(f"{fqn}.{name} is already sharded: mark the model with mxfp8(..., "
+                             "fsdp_fp8_all_gather=True) before fully_shard, which shards what it finds")
+        if wanted:
+            setattr(module, name, fsdp.wrap(p, config.recipe, config.rounding))
+        elif isinstance(p.data, fsdp.FP8AllGatherWeight):
+            setattr(module, name, fsdp.plain(p))
 
 
 def _warn_if_eager(module: torch.nn.Module, args: Any) -> None:

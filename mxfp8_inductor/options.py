@@ -74,6 +74,11 @@ class MXFP8Config:
     weight_cache: reuse each weight's FP8 operands (fp8_rowwise and native MXFP8) across GEMMs and
       microbatches until the parameter changes or an optimizer steps; off by default: it holds
       them for the whole model until the step (docs/design.md, "Weight cache").
+    fsdp_fp8_all_gather: under FSDP2, all-gather the marked experts' weights in FP8 (about half
+      of bf16's bytes). Each expert weight is then rounded once for both of its GEMMs (32x32
+      tiles for mxfp8, the whole matrix for fp8_rowwise; docs/design.md, "Shared weight scales"),
+      with or without FSDP2, so a sharded run computes as the unsharded one. Mark the model with
+      `mxfp8()` before `fully_shard`; recipe "mxfp8" or "fp8_rowwise", rounding "rceil".
     filter_fn: `filter_fn(module, fqn) -> bool`, called on each expert module (one owning 3-D
       parameters) with its global FQN when a model is marked with `mxfp8()`; False keeps the
       module's sites in bf16. Marking only: the graph routes see no modules.
@@ -87,6 +92,7 @@ class MXFP8Config:
     targets: Targets = "experts"
     dense_min_dim: int = DENSE_MIN_DIM
     weight_cache: bool = False
+    fsdp_fp8_all_gather: bool = False
     filter_fn: Callable[[Any, str], bool] | None = None
 
     def __post_init__(self) -> None:
@@ -99,12 +105,31 @@ class MXFP8Config:
             raise ValueError(f"dense_min_dim must be a non-negative int, got {self.dense_min_dim!r}")
         if type(self.weight_cache) is not bool:
             raise ValueError(f"weight_cache must be True or False, got {self.weight_cache!r}")
+        if type(self.fsdp_fp8_all_gather) is not bool:
+            raise ValueError(f"fsdp_fp8_all_gather must be True or False, got {self.fsdp_fp8_all_gather!r}")
+        if self.fsdp_fp8_all_gather:
+            self._check_shared_weights()
         if self.filter_fn is not None and not callable(self.filter_fn):
             raise ValueError(f"filter_fn must be a callable (module, fqn) -> bool, got {self.filter_fn!r}")
+
+    def _check_shared_weights(self) -> None:
+        if self.recipe not in ("mxfp8", "fp8_rowwise"):
+            raise ValueError(f"fsdp_fp8_all_gather gathers one FP8 form of each weight, which recipe {self.recipe!r} "
+                             "does not fix: use recipe='mxfp8' or 'fp8_rowwise'")
+        if self.rounding != "rceil":
+            raise ValueError("fsdp_fp8_all_gather needs rounding='rceil': under 'floor' a GEMM's own scaling would "
+                             "round the shared-scale weight a second time")
+        if self.weight_cache:
+            raise ValueError("fsdp_fp8_all_gather and weight_cache=True do not combine: the GEMMs take the weight "
+                             "rounded in the graph, which is never reused; drop weight_cache")
 
     def check_graph_route(self, route: str) -> None:
         """Raise ValueError if these options need module objects, which `route` (a compile or
         explain route that sees only the graph) does not have."""
+        if self.fsdp_fp8_all_gather:
+            raise ValueError(f"fsdp_fp8_all_gather changes how parameters are all-gathered, which {route} does not "
+                             "see: mark the model with mxfp8_inductor.mxfp8(model, fsdp_fp8_all_gather=True) before "
+                             "fully_shard and compile it with the default backend")
         if self.filter_fn is not None:
             raise ValueError(f"filter_fn is called on modules, which {route} does not see: mark the model "
                              "with mxfp8_inductor.mxfp8(model, filter_fn=...) and compile it with the default backend")

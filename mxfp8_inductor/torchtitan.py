@@ -80,12 +80,16 @@ class MXFP8InductorConverter(QuantizationConverter):
         """Reuse each weight's FP8 operands until its parameter changes or an optimizer steps (off by
         default: it holds them for the whole model until the step)."""
 
+        fsdp_fp8_all_gather: bool = MXFP8Config.fsdp_fp8_all_gather
+        """Under FSDP2, all-gather expert weights in FP8, each rounded once for both of its GEMMs
+        (recipe mxfp8 or fp8_rowwise; docs/design.md, "FSDP2: FP8 all-gather")."""
+
     def __init__(self, config: Config) -> None:
         self.config = config
         # raises ValueError naming a bad option value and the valid ones
         self.options = MXFP8Config(include=tuple(config.include), exclude=tuple(config.exclude),
                                    recipe=config.recipe, rounding=config.rounding, wgrad=config.wgrad,
-                                   weight_cache=config.weight_cache)
+                                   weight_cache=config.weight_cache, fsdp_fp8_all_gather=config.fsdp_fp8_all_gather)
         if not config.model_compile_enabled:
             logger.warning("mxfp8_inductor rewrites grouped GEMMs inside torch.compile only: without "
                            "--compile.enable (and 'model' in --compile.components) the experts stay in bf16")

@@ -18,10 +18,12 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ..eligibility import check_grouped_mm_args, check_linear_args
+from ..kernels import shared_weight
 from . import auto, bf16, mxfp8, rowwise
 from .auto import plan_for
 from .library import LIB
 from .recipe import Recipe
+from .shared_weight import round_weight_op
 
 RECIPES: dict[str, Recipe] = {"mxfp8": mxfp8, "fp8_rowwise": rowwise, "bf16": bf16}
 
@@ -244,6 +246,7 @@ def register_decompositions() -> None:
         # constraint Inductor gives any custom op)
         constraint = lowering.tag_to_layout_constraint(get_layout_constraint_tag(overload, with_default=True))
         lowering.make_fallback(overload, layout_constraint=constraint, override_decomp=True)
+    decomposition.decompositions[round_weight_op._opoverload] = shared_weight.quantize_dequantize
     decomposition.fast_random_decomps.cache_clear()  # a cached copy of the table predates us
 
 

@@ -37,6 +37,9 @@ from .sites import Site, _val, find_sites
 
 log = logging.getLogger("mxfp8_inductor")
 
+# the block a shared weight rounding scales (kernels/shared_weight.py)
+SHARED_BLOCK = {"mxfp8": "32x32 tiles", "fp8_rowwise": "one scale per expert"}
+
 # set on grouped-matmul nodes already decided (kept in bf16), so a later pass leaves them alone
 DECIDED = "mxfp8_decided"
 
@@ -81,6 +84,11 @@ def _replace(site: Site, config: MXFP8Config, recipes: tuple[str, str, str],
     operands = (site.a, site.b, site.args.get("bias") if site.dense else site.offs)
     operands = tuple(replaced.get(x, x) if isinstance(x, torch.fx.Node) else x for x in operands)
     with gm.graph.inserting_before(node):
+        if config.fsdp_fp8_all_gather and not site.dense:
+            # one rounding serves both GEMMs, as the FP8 all-gather delivers it (kernels/shared_weight.py)
+            rounded = gm.graph.call_function(torch.ops.mxfp8.round_weight.default,
+                                             (operands[1], config.recipe, config.rounding))
+            operands = (operands[0], rounded, operands[2])
         target = linear_body if site.dense else torch.ops.mxfp8.grouped_mm.default
         new = gm.graph.call_function(target, (*operands, *recipes, config.rounding, param))
     new.meta.update(node.meta)
@@ -115,6 +123,9 @@ def _rows(site: Site, node_name: str, action: str, reason: str, config: MXFP8Con
             act, why = "not computed", "the weight needs no gradient"
         elif action == "rewritten" and site_plan is not None and site_plan.recipes[i] == "bf16":
             act, why = "kept bf16", site_plan.reasons[i]
+        elif action == "rewritten" and role != "weight-grad" and config.fsdp_fp8_all_gather and not site.dense:
+            block = SHARED_BLOCK[config.recipe]
+            why = f"{reason}; weight rounded once for both its GEMMs ({block}, fsdp_fp8_all_gather)"
         recipe = site_plan.recipes[i] if act == "rewritten" else "-" if act == "not computed" else "bf16"
         rows.append(SiteReport(site.module_fqn, site.weight_fqn, role, act, why, node_name, recipe))
     return rows

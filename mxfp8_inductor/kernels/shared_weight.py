@@ -1,0 +1,81 @@
+"""Expert weights rounded once for both of their GEMMs (docs/design.md, "Shared weight scales").
+
+The forward GEMM scales an expert weight [.., K, N] along K and the input gradient along N, so
+their FP8 forms differ and neither derives from the other. A shared rounding scales blocks that
+serve both orientations: 32x32 tiles for mxfp8 (one e8m0 scale each), the whole matrix for
+fp8_rowwise (one float32 power of two). The exponent rule is the recipe's (`reference.scale_exponent`).
+Both GEMMs then quantize the rounded weight as always; under rceil that leaves its values
+unchanged (each row's or block's scale is at most the tile's, and a value of 4 significant bits
+at most 448 stays representable), and rounding is idempotent under both rules. So a weight rounded
+before an FSDP2 all-gather and dequantized after it computes exactly as the same weight rounded in
+the graph.
+
+Tiles and matrices are the last two dims, in either layout ([E, N, K] or [E, K, N]). Pure torch,
+no host syncs: the same functions are the CPU reference, Inductor's decomposition of the in-graph
+rounding, and the all-gather's quantizer.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .reference import E4M3_MAX, check_float, exponent_to_float, inv_scale, scale_exponent
+
+TILE = 32
+RECIPES = ("mxfp8", "fp8_rowwise")
+
+
+def _check(w: torch.Tensor, recipe: str) -> None:
+    check_float(w)
+    if recipe not in RECIPES:
+        raise ValueError(f"shared weight rounding is defined for {RECIPES}, got {recipe!r}")
+    if w.dim() < 2:
+        raise ValueError(f"shared weight rounding takes matrices ([..., R, C]), got shape {tuple(w.shape)}")
+    if recipe == "mxfp8" and (w.shape[-1] % TILE or w.shape[-2] % TILE):
+        raise ValueError(f"mxfp8 weight tiles are {TILE}x{TILE}: the last two dims of {tuple(w.shape)} must be "
+                         f"multiples of {TILE}")
+
+
+def _tiles(x: torch.Tensor) -> torch.Tensor:
+    """[..., R, C] -> [..., R/32, 32, C/32, 32]."""
+    *lead, R, C = x.shape
+    return x.reshape(*lead, R // TILE, TILE, C // TILE, TILE)
+
+
+def _block_exponents(wf: torch.Tensor, recipe: str, rounding: str) -> torch.Tensor:
+    """Biased exponents: [..., R/32, C/32] per tile, or [...] per matrix."""
+    a = wf.abs()
+    amax = _tiles(a).amax(dim=(-3, -1)) if recipe == "mxfp8" else a.amax(dim=(-2, -1))
+    return scale_exponent(amax, rounding)
+
+
+def _per_element(biased: torch.Tensor, recipe: str) -> torch.Tensor:
+    """Block exponents broadcast against the weight (as [..., R/32, 1, C/32, 1] or [..., 1, 1])."""
+    return biased[..., :, None, :, None] if recipe == "mxfp8" else biased[..., None, None]
+
+
+def quantize(w: torch.Tensor, recipe: str, rounding: str = "rceil") -> tuple[torch.Tensor, torch.Tensor]:
+    """(float8_e4m3fn data shaped like w, scales): mxfp8 scales are uint8 e8m0 bytes
+    [..., R/32, C/32], fp8_rowwise scales float32 [...] (w.shape without the last two dims)."""
+    _check(w, recipe)
+    wf = w.float()
+    biased = _block_exponents(wf, recipe, rounding)
+    x = _tiles(wf) if recipe == "mxfp8" else wf
+    q = (x * inv_scale(_per_element(biased, recipe))).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    data = q.reshape(w.shape)
+    if recipe == "mxfp8":
+        return data, biased.to(torch.uint8)
+    return data, exponent_to_float(biased)
+
+
+def dequantize(data: torch.Tensor, scales: torch.Tensor, recipe: str, dtype: torch.dtype) -> torch.Tensor:
+    """Inverse of `quantize`, computed in float32, returned as `dtype`."""
+    if recipe == "mxfp8":
+        scale = exponent_to_float(scales.int())
+        return (_tiles(data.float()) * _per_element(scale, recipe)).reshape(data.shape).to(dtype)
+    return (data.float() * scales[..., None, None]).to(dtype)
+
+
+def quantize_dequantize(w: torch.Tensor, recipe: str, rounding: str = "rceil") -> torch.Tensor:
+    """w rounded to its shared-scale FP8 values, in w's dtype."""
+    return dequantize(*quantize(w, recipe, rounding), recipe, w.dtype)
