@@ -6,9 +6,12 @@ run.
         [--depths 1,2] [--out benchmarks/results/models_h200.json]
     python benchmarks/bench_models.py --combine a.json b.json --out benchmarks/results/models_h200.json
 
-A variant is bf16 or a recipe, with "+all" for targets="all" (dense linears too) and "+cache"
-for weight_cache=True; or "torchao", the anchor: torchao's FP8 rowwise MoE training under plain
-torch.compile, with "+all" also torchao's float8 rowwise linears. On the TorchTitan models it is
+A variant is bf16 or a recipe, with "+all" for targets="all" (dense linears too), "+cache"
+for weight_cache=True, "+fsdp" for FSDP2 over this one GPU (each decoder layer, then the root:
+every step runs the all-gather hooks, without the transfers of more ranks) and "+fp8ag" for
+fsdp_fp8_all_gather=True (the model marked with `mxfp8()` and compiled with the default
+backend); or "torchao", the anchor: torchao's FP8 rowwise MoE training under plain torch.compile,
+with "+all" also torchao's float8 rowwise linears. On the TorchTitan models it is
 TorchTitan's float8 converters, as its trainer applies them (`build_titan`); on transformers
 models, torchao's grouped-GEMM weight wrapper on every expert module and its float8 linears on
 the dense layers the pass would take (`_torchao`). Neither torchao nor torchtitan is a
@@ -31,6 +34,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import pathlib
 import re
 import statistics
@@ -175,9 +179,28 @@ def _torchao(model: torch.nn.Module, dense: bool) -> int:
     return count
 
 
+def _fully_shard(model: torch.nn.Module, device: str) -> None:
+    """FSDP2 on a one-rank group: each decoder layer (the members of every `layers` ModuleList),
+    then the root."""
+    import tempfile
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    store = os.path.join(tempfile.mkdtemp(), "store")
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=f"file://{store}", rank=0,
+                            world_size=1)
+    for name, module in model.named_modules():
+        if name.split(".")[-1] == "layers" and isinstance(module, torch.nn.ModuleList):
+            for layer in module:
+                fully_shard(layer)
+    fully_shard(model)
+
+
 def worker(args: argparse.Namespace) -> dict:
     """One run, in this process."""
-    from mxfp8_inductor import mxfp8_backend  # also where the package is on PYTHONPATH, not installed
+    import mxfp8_inductor as mx  # also where the package is on PYTHONPATH, not installed
+    from mxfp8_inductor import mxfp8_backend
 
     torch.manual_seed(0)
     recipe, *flags = args.variant.split("+")
@@ -189,7 +212,11 @@ def worker(args: argparse.Namespace) -> dict:
         model, (batch, seq) = build(args.model, args.depth, args.device, args.tiny)
         if torchao is not None and not _torchao(model, torchao == "all"):
             raise RuntimeError(f"torchao converted nothing in {args.model}")
-    if recipe in ("bf16", "torchao"):
+    if "fp8ag" in flags:
+        mx.mxfp8(model, recipe=recipe, fsdp_fp8_all_gather=True)
+    if "fsdp" in flags:
+        _fully_shard(model, args.device)
+    if recipe in ("bf16", "torchao") or "fp8ag" in flags:
         compiled = torch.compile(model)
     else:
         options = {"recipe": recipe, "targets": "all" if "all" in flags else "experts",
@@ -197,7 +224,8 @@ def worker(args: argparse.Namespace) -> dict:
         compiled = torch.compile(model, backend=mxfp8_backend, options=options)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=args.device == "cuda")
     g = torch.Generator(device=args.device).manual_seed(0)
-    ids = [torch.randint(0, VOCAB, (batch, seq), device=args.device, generator=g) for _ in range(args.microbatches)]
+    vocab = next(m for m in model.modules() if isinstance(m, torch.nn.Embedding)).num_embeddings  # --tiny: smaller
+    ids = [torch.randint(0, vocab, (batch, seq), device=args.device, generator=g) for _ in range(args.microbatches)]
     params_gb = sum(p.numel() * p.element_size() for p in model.parameters()) / 1e9
 
     def step() -> float:

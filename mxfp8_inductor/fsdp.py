@@ -85,16 +85,20 @@ class FP8AllGatherWeight(torch.Tensor):
                 f"sharded into {tuple(self.shape)} over {mesh.size()} ranks; shard it along experts (dim 0, FSDP2's "
                 "default) with a number of experts divisible by the ranks, or mark the model without "
                 "fsdp_fp8_all_gather")
-        dtype = getattr(mp_policy, "param_dtype", None) or self.dtype
-        data, scales = shared_weight.quantize(self._tensor.to(dtype), self.recipe, self.rounding)
-        return (data, scales), None
+        w = self._tensor.to(getattr(mp_policy, "param_dtype", None) or self.dtype)
+        if mesh.size() == 1:
+            # FSDP2 copies a one-rank group's first all-gather input only: send the rounded weight
+            return (shared_weight.quantize_dequantize(w, self.recipe, self.rounding),), None
+        return shared_weight.quantize(w, self.recipe, self.rounding), None
 
     def fsdp_post_all_gather(self, outputs: tuple[torch.Tensor, ...], metadata: None, param_dtype: torch.dtype,
                              *, out: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor]] | None:
-        data, scales = outputs
-        w = shared_weight.dequantize(data, scales, self.recipe, param_dtype)
-        if out is not None:  # later all-gathers refill the unsharded parameter in place
-            with torch.no_grad():
+        w = outputs[0] if len(outputs) == 1 else shared_weight.dequantize(*outputs, self.recipe, param_dtype)
+        if out is not None:
+            # later all-gathers refill the unsharded parameter in place, keeping its version
+            # counter as FSDP2 does: the backward's re-gather must not invalidate what the
+            # forward saved
+            with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(out):
                 out.copy_(w)
             return None
         return w, (w,)
