@@ -250,3 +250,22 @@ def test_class_decorator_marks_every_instance_with_its_options():
     # expert modules get a guard-visible subclass per decision, so per-block graphs are not shared
     assert type(model.layers[0].moe.experts) is not type(model.layers[1].moe.experts)
     assert isinstance(model.layers[1].moe.experts, type(MoEModel().layers[0].moe.experts))
+
+
+class TestSharedWeights(expecttest.TestCase):
+    def test_ops_round_the_weight_once_for_both_gemms(self):
+        """fsdp_fp8_all_gather: each expert op takes shared_weight=True (the last argument); the
+        report says how the weight is rounded, for the GEMMs that take it."""
+        torch.manual_seed(0)
+        model = mx.mxfp8(MoEModel(layers=1).bfloat16(), recipe="fp8_rowwise", fsdp_fp8_all_gather=True)
+        report = mx.explain(model, torch.randn(2, 16, 64, dtype=torch.bfloat16, requires_grad=True))
+        calls = [re.sub(r"^.*= torch\.ops\.mxfp8\.(\w+)\.default\((.*?)\);.*$", r"\1(\2)", line).strip()
+                 for graph in report.graphs for line in graph.splitlines() if "torch.ops.mxfp8." in line]
+        self.assertExpectedInline("\n".join(calls), """\
+grouped_mm(getitem_2, transpose, offs_E, 'fp8_rowwise', 'fp8_rowwise', 'fp8_rowwise', 'rceil', None, True)
+grouped_mm(getitem_2, transpose_1, offs_E, 'fp8_rowwise', 'fp8_rowwise', 'fp8_rowwise', 'rceil', None, True)
+grouped_mm(h_RF_1, transpose_2, offs_E, 'fp8_rowwise', 'fp8_rowwise', 'fp8_rowwise', 'rceil', None, True)""")
+        reasons = {(s.weight_fqn, s.role): s.reason for s in report.sites}
+        fqn = "layers.0.moe.experts.w1_EFD"
+        assert "one scale per expert, fsdp_fp8_all_gather" in reasons[(fqn, "forward")], reasons
+        assert "fsdp_fp8_all_gather" not in reasons[(fqn, "weight-grad")]  # it takes no weight

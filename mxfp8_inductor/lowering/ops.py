@@ -18,12 +18,11 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ..eligibility import check_grouped_mm_args, check_linear_args
-from ..kernels import shared_weight
+from ..kernels import shared_weight as shared_weight_rounding
 from . import auto, bf16, mxfp8, rowwise
 from .auto import plan_for
 from .library import LIB
 from .recipe import Recipe
-from .shared_weight import round_weight_op
 
 RECIPES: dict[str, Recipe] = {"mxfp8": mxfp8, "fp8_rowwise": rowwise, "bf16": bf16}
 
@@ -62,13 +61,21 @@ def _gemm(method: str, recipe: str, role: int, like: torch.Tensor, MKNE: tuple[i
     return _result(getattr(RECIPES[recipe], method)(*args, decomposing), like)
 
 
-def _forward(a, b, offs, forward, dgrad, wgrad, rounding, param, *, decomposing=False):
+def _weight(b: torch.Tensor, recipe: str, rounding: str, shared_weight: bool) -> torch.Tensor:
+    """The weight operand: with `shared_weight`, rounded once for both GEMMs (docs/design.md,
+    "Shared weight scales"), in each GEMM anew rather than saved for the backward beside b."""
+    return shared_weight_rounding.quantize_dequantize(b, recipe, rounding) if shared_weight else b
+
+
+def _forward(a, b, offs, forward, dgrad, wgrad, rounding, param, shared_weight=False, *, decomposing=False):
     MKNE = (a.shape[0], b.shape[-2], b.shape[-1], b.shape[0])
+    b = _weight(b, forward, rounding, shared_weight)
     return _gemm("forward", forward, 0, a, MKNE, a, b, offs, rounding, param, decomposing=decomposing)
 
 
-def _dgrad(grad, b, offs, recipe, rounding, param, *, decomposing=False):
+def _dgrad(grad, b, offs, recipe, rounding, param, shared_weight=False, *, decomposing=False):
     MKNE = (grad.shape[0], b.shape[-2], b.shape[-1], b.shape[0])
+    b = _weight(b, recipe, rounding, shared_weight)
     return _gemm("dgrad", recipe, 1, grad, MKNE, grad, b, offs, rounding, param, decomposing=decomposing)
 
 
@@ -82,13 +89,13 @@ def _wgrad(grad, a, offs, recipe, rounding, *, decomposing=False):
 @torch.library.custom_op(f"{LIB}::grouped_mm", mutates_args=())
 def grouped_mm_op(
     a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, forward: str, dgrad: str, wgrad: str, rounding: str,
-    param: torch.Tensor | None,
+    param: torch.Tensor | None, shared_weight: bool = False,
 ) -> torch.Tensor:
-    return _forward(a, b, offs, forward, dgrad, wgrad, rounding, param)
+    return _forward(a, b, offs, forward, dgrad, wgrad, rounding, param, shared_weight)
 
 
 @grouped_mm_op.register_fake
-def _(a, b, offs, forward, dgrad, wgrad, rounding, param):
+def _(a, b, offs, forward, dgrad, wgrad, rounding, param, shared_weight=False):
     # every trace that captures the op (Dynamo, AOTAutograd) runs this first, outside the traced
     # code: the place to make sure Inductor can decompose it (and its backward ops)
     register_decompositions()
@@ -97,13 +104,14 @@ def _(a, b, offs, forward, dgrad, wgrad, rounding, param):
 
 @torch.library.custom_op(f"{LIB}::grouped_mm_dgrad", mutates_args=())
 def grouped_mm_dgrad_op(
-    grad: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, recipe: str, rounding: str, param: torch.Tensor | None
+    grad: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, recipe: str, rounding: str, param: torch.Tensor | None,
+    shared_weight: bool = False,
 ) -> torch.Tensor:
-    return _dgrad(grad, b, offs, recipe, rounding, param)
+    return _dgrad(grad, b, offs, recipe, rounding, param, shared_weight)
 
 
 @grouped_mm_dgrad_op.register_fake
-def _(grad, b, offs, recipe, rounding, param):
+def _(grad, b, offs, recipe, rounding, param, shared_weight=False):
     return grad.new_empty(grad.shape[0], b.shape[-2])
 
 
@@ -128,9 +136,9 @@ def _row_major(grad: torch.Tensor) -> torch.Tensor:
 
 
 def _setup_context(ctx, inputs, output):
-    a, b, offs, forward, dgrad, wgrad, rounding, param = inputs
+    a, b, offs, forward, dgrad, wgrad, rounding, param, shared_weight = inputs
     ctx.save_for_backward(a, b, offs, param)
-    ctx.dgrad, ctx.wgrad, ctx.rounding = dgrad, wgrad, rounding
+    ctx.dgrad, ctx.wgrad, ctx.rounding, ctx.shared_weight = dgrad, wgrad, rounding, shared_weight
 
 
 def _backward(ctx, grad):
@@ -138,7 +146,7 @@ def _backward(ctx, grad):
     grad = _row_major(grad)
     da = db = None
     if ctx.needs_input_grad[0]:
-        da = grouped_mm_dgrad_op(grad, b, offs, ctx.dgrad, ctx.rounding, param)
+        da = grouped_mm_dgrad_op(grad, b, offs, ctx.dgrad, ctx.rounding, param, ctx.shared_weight)
     if ctx.needs_input_grad[1]:
         # the weight gradient is symmetric in its operands: compute it in the weight's own
         # layout (b is usually a transposed view of [E, N, K]), which saves a transposing copy
@@ -146,7 +154,7 @@ def _backward(ctx, grad):
         x, y = (grad, a) if swap else (a, grad)
         db = grouped_mm_wgrad_op(y, x, offs, ctx.wgrad, ctx.rounding)
         db = (db.transpose(-2, -1) if swap else db).to(b.dtype)
-    return da, db, None, None, None, None, None, None
+    return da, db, None, None, None, None, None, None, None
 
 
 grouped_mm_op.register_autograd(_backward, setup_context=_setup_context)
@@ -246,7 +254,6 @@ def register_decompositions() -> None:
         # constraint Inductor gives any custom op)
         constraint = lowering.tag_to_layout_constraint(get_layout_constraint_tag(overload, with_default=True))
         lowering.make_fallback(overload, layout_constraint=constraint, override_decomp=True)
-    decomposition.decompositions[round_weight_op._opoverload] = shared_weight.quantize_dequantize
     decomposition.fast_random_decomps.cache_clear()  # a cached copy of the table predates us
 
 

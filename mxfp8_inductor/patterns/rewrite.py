@@ -84,13 +84,11 @@ def _replace(site: Site, config: MXFP8Config, recipes: tuple[str, str, str],
     operands = (site.a, site.b, site.args.get("bias") if site.dense else site.offs)
     operands = tuple(replaced.get(x, x) if isinstance(x, torch.fx.Node) else x for x in operands)
     with gm.graph.inserting_before(node):
-        if config.fsdp_fp8_all_gather and not site.dense:
-            # one rounding serves both GEMMs, as the FP8 all-gather delivers it (kernels/shared_weight.py)
-            rounded = gm.graph.call_function(torch.ops.mxfp8.round_weight.default,
-                                             (operands[1], config.recipe, config.rounding))
-            operands = (operands[0], rounded, operands[2])
         target = linear_body if site.dense else torch.ops.mxfp8.grouped_mm.default
-        new = gm.graph.call_function(target, (*operands, *recipes, config.rounding, param))
+        # with fsdp_fp8_all_gather the op rounds the weight once for both GEMMs, as the FP8
+        # all-gather delivers it (kernels/shared_weight.py)
+        shared = (True,) if config.fsdp_fp8_all_gather and not site.dense else ()
+        new = gm.graph.call_function(target, (*operands, *recipes, config.rounding, param, *shared))
     new.meta.update(node.meta)
     node.replace_all_uses_with(new)
     gm.graph.erase_node(node)
