@@ -93,15 +93,17 @@ class FP8AllGatherWeight(torch.Tensor):
 
     def fsdp_post_all_gather(self, outputs: tuple[torch.Tensor, ...], metadata: None, param_dtype: torch.dtype,
                              *, out: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor]] | None:
-        w = outputs[0] if len(outputs) == 1 else shared_weight.dequantize(*outputs, self.recipe, param_dtype)
-        if out is not None:
-            # later all-gathers refill the unsharded parameter in place, keeping its version
-            # counter as FSDP2 does: the backward's re-gather must not invalidate what the
-            # forward saved
-            with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(out):
-                out.copy_(w)
-            return None
-        return w, (w,)
+        if out is None:
+            w = outputs[0] if len(outputs) == 1 else shared_weight.dequantize(*outputs, self.recipe, param_dtype)
+            return w, (w,)
+        # later all-gathers refill the unsharded parameter in place, keeping its version counter
+        # as FSDP2 does: the backward's re-gather must not invalidate what the forward saved
+        with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(out):
+            if len(outputs) == 1:
+                out.copy_(outputs[0])
+            else:
+                shared_weight.dequantize(*outputs, self.recipe, param_dtype, out=out)
+        return None
 
 
 def wrap(param: torch.nn.Parameter, recipe: str, rounding: str) -> torch.nn.Parameter:

@@ -68,12 +68,21 @@ def quantize(w: torch.Tensor, recipe: str, rounding: str = "rceil") -> tuple[tor
     return data, exponent_to_float(biased)
 
 
-def dequantize(data: torch.Tensor, scales: torch.Tensor, recipe: str, dtype: torch.dtype) -> torch.Tensor:
-    """Inverse of `quantize`, computed in float32, returned as `dtype`."""
+def dequantize(data: torch.Tensor, scales: torch.Tensor, recipe: str, dtype: torch.dtype,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """Inverse of `quantize`, as `dtype` (bf16 or fp32), into `out` (contiguous) if given. Computed
+    in `dtype`, which is exact: an e4m3 value times a power of two is one rounding of the float32
+    product either way."""
+    x = data.to(dtype)
     if recipe == "mxfp8":
-        scale = exponent_to_float(scales.int())
-        return (_tiles(data.float()) * _per_element(scale, recipe)).reshape(data.shape).to(dtype)
-    return (data.float() * scales[..., None, None]).to(dtype)
+        scale = _per_element(exponent_to_float(scales.int()).to(dtype), recipe)
+        x, shape = _tiles(x), _tiles(data).shape
+    else:
+        scale, shape = scales.to(dtype)[..., None, None], data.shape
+    if out is None:
+        return (x * scale).reshape(data.shape)
+    torch.mul(x, scale, out=out.view(shape))
+    return out
 
 
 def quantize_dequantize(w: torch.Tensor, recipe: str, rounding: str = "rceil") -> torch.Tensor:

@@ -65,14 +65,18 @@ def test_both_gemms_take_the_rounded_weight_unchanged_under_rceil(recipe):
 
 
 @pytest.mark.parametrize("recipe", ["mxfp8", "fp8_rowwise"])
-def test_dequantize_inverts_quantize_and_scales_have_the_documented_shapes(recipe):
+def test_dequantize_inverts_quantize_into_any_output_and_scales_have_the_documented_shapes(recipe):
     w = _wide()
     data, scales = shared_weight.quantize(w, recipe)
     assert data.dtype == torch.float8_e4m3fn and data.shape == w.shape
     assert scales.shape == ((3, 2, 3) if recipe == "mxfp8" else (3,))
     assert scales.dtype == (torch.uint8 if recipe == "mxfp8" else torch.float32)
-    assert_bitwise_equal(shared_weight.dequantize(data, scales, recipe, torch.bfloat16),
-                         shared_weight.quantize_dequantize(w, recipe))
+    want = _by_rows(w, recipe, "rceil")
+    assert_bitwise_equal(shared_weight.dequantize(data, scales, recipe, torch.bfloat16), want)
+    out = torch.empty_like(w)
+    assert shared_weight.dequantize(data, scales, recipe, torch.bfloat16, out=out) is out
+    assert_bitwise_equal(out, want)
+    assert_bitwise_equal(shared_weight.dequantize(data, scales, recipe, torch.float32), want.float())
 
 
 @pytest.mark.parametrize("recipe", ["mxfp8", "fp8_rowwise"])
