@@ -62,9 +62,10 @@ def _eager(model: Experts, recipe: str):
     return fn, (w1, w2)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("recipe", ["mxfp8", "fp8_rowwise"])
-def test_compiled_model_equals_the_eager_op_on_the_rounded_weights(recipe):
-    base, (x, offs) = Experts(), _inputs()
+def test_compiled_model_equals_the_eager_op_on_the_rounded_weights(recipe, device):
+    base, (x, offs) = Experts().to(device), tuple(t.to(device) for t in _inputs())
     model = mx.mxfp8(copy.deepcopy(base), recipe=recipe, fsdp_fp8_all_gather=True)
     assert all(isinstance(p.data, fsdp.FP8AllGatherWeight) for p in (model.w1, model.w2))
     torch._dynamo.reset()

@@ -42,11 +42,11 @@ def _tiles(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(*lead, R // TILE, TILE, C // TILE, TILE)
 
 
-def _block_exponents(wf: torch.Tensor, recipe: str, rounding: str) -> torch.Tensor:
+def _block_exponents(w: torch.Tensor, recipe: str, rounding: str) -> torch.Tensor:
     """Biased exponents: [..., R/32, C/32] per tile, or [...] per matrix."""
-    a = wf.abs()
+    a = w.abs()
     amax = _tiles(a).amax(dim=(-3, -1)) if recipe == "mxfp8" else a.amax(dim=(-2, -1))
-    return scale_exponent(amax, rounding)
+    return scale_exponent(amax.float(), rounding)
 
 
 def _per_element(biased: torch.Tensor, recipe: str) -> torch.Tensor:
@@ -56,12 +56,14 @@ def _per_element(biased: torch.Tensor, recipe: str) -> torch.Tensor:
 
 def quantize(w: torch.Tensor, recipe: str, rounding: str = "rceil") -> tuple[torch.Tensor, torch.Tensor]:
     """(float8_e4m3fn data shaped like w, scales): mxfp8 scales are uint8 e8m0 bytes
-    [..., R/32, C/32], fp8_rowwise scales float32 [...] (w.shape without the last two dims)."""
+    [..., R/32, C/32], fp8_rowwise scales float32 [...] (w.shape without the last two dims).
+    Computed in w's dtype, which is exact: scaling by a power of two rounds nothing that the
+    cast to e4m3 keeps."""
     _check(w, recipe)
-    wf = w.float()
-    biased = _block_exponents(wf, recipe, rounding)
-    x = _tiles(wf) if recipe == "mxfp8" else wf
-    q = (x * inv_scale(_per_element(biased, recipe))).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    biased = _block_exponents(w, recipe, rounding)
+    x = _tiles(w) if recipe == "mxfp8" else w
+    inv = inv_scale(_per_element(biased, recipe)).to(w.dtype)
+    q = (x * inv).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     data = q.reshape(w.shape)
     if recipe == "mxfp8":
         return data, biased.to(torch.uint8)

@@ -98,3 +98,17 @@ def test_gaussian_weights_lose_no_accuracy_to_the_shared_scales(recipe):
 def test_bad_inputs_raise(w, recipe, message):
     with pytest.raises(ValueError, match=message):
         shared_weight.quantize(w, recipe)
+
+
+@pytest.mark.parametrize("recipe", ["mxfp8", "fp8_rowwise"])
+@pytest.mark.parametrize("rounding", ["rceil", "floor"])
+def test_extreme_magnitudes_round_as_the_contract(recipe, rounding):
+    """Tiles of bf16 subnormals, of values near bf16's maximum and of zeros, beside ordinary
+    ones: computing in bf16 rounds exactly as the float32 contract."""
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(2, 64, 64, generator=g)
+    w[0, :32, :32] *= 2.0**-130  # subnormal in bf16
+    w[0, 32:, :32] *= 2.0**125
+    w[1, :32, 32:] = 0
+    w = w.bfloat16()
+    assert_bitwise_equal(shared_weight.quantize_dequantize(w, recipe, rounding), _by_rows(w, recipe, rounding))
