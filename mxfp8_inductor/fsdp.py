@@ -8,8 +8,10 @@ about half of bf16's bytes. After the all-gather (`fsdp_post_all_gather`) they a
 the unsharded parameter, in the parameter dtype FSDP2 computes in. Tiles and matrices lie within
 one expert, so a shard along experts quantizes exactly as the whole weight; the graph's own
 rounding of the gathered weight then changes nothing (it is idempotent), and a sharded run
-computes as the unsharded one. Between microbatches a rank holds only its shard: FSDP2 frees the
-gathered FP8 buffers and the unsharded parameter as it does bf16's.
+computes as the unsharded one. Between microbatches a rank holds its shard and the shard's FP8
+form, quantized once per optimizer step: any write through the parameter (the optimizer's, a
+`copy_`, `load_state_dict`) drops it. FSDP2 frees the gathered FP8 buffers and the unsharded
+parameter as it does bf16's.
 
 Everything else (the optimizer, state dicts, a compile without FSDP2) sees the wrapped tensor's
 data through `__torch_dispatch__`.
@@ -32,6 +34,9 @@ _KEEP_WRAPPED = {aten.detach.default, aten.alias.default, aten.empty_like.defaul
                  aten.as_strided.default, aten._to_copy.default, aten._pin_memory.default, aten.split.Tensor,
                  aten.clone.default}
 
+# writes through any FP8AllGatherWeight so far: a shard's FP8 form is current while none happened
+_writes = 0
+
 
 class FP8AllGatherWeight(torch.Tensor):
     """A parameter's data, all-gathered by FSDP2 as FP8 with the shared weight scales of `recipe`."""
@@ -50,12 +55,20 @@ class FP8AllGatherWeight(torch.Tensor):
         self._tensor = tensor
         self.recipe = recipe
         self.rounding = rounding
+        self._fp8: tuple[tuple, tuple[torch.Tensor, ...]] | None = None  # ((writes, dtype), all-gather inputs)
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        wrapped = next(t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, cls))
+        wrappers = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, cls)]
+        wrapped = wrappers[0]
+        if func._schema.is_mutable:
+            # a write through any wrapper (an optimizer step, copy_, load_state_dict) outdates
+            # every FP8 form: wrappers made by views share data, and version counters cannot
+            # tell, as ops reach the data below the dispatch key that bumps them
+            global _writes
+            _writes += 1
         args, kwargs = pytree.tree_map_only(cls, lambda t: t._tensor, (args, kwargs or {}))
         out = func(*args, **kwargs)
         if func not in _KEEP_WRAPPED:
@@ -85,11 +98,15 @@ class FP8AllGatherWeight(torch.Tensor):
                 f"sharded into {tuple(self.shape)} over {mesh.size()} ranks; shard it along experts (dim 0, FSDP2's "
                 "default) with a number of experts divisible by the ranks, or mark the model without "
                 "fsdp_fp8_all_gather")
-        w = self._tensor.to(getattr(mp_policy, "param_dtype", None) or self.dtype)
+        dtype = getattr(mp_policy, "param_dtype", None) or self.dtype
         if mesh.size() == 1:
             # FSDP2 copies a one-rank group's first all-gather input only: send the rounded weight
-            return (shared_weight.quantize_dequantize(w, self.recipe, self.rounding),), None
-        return shared_weight.quantize(w, self.recipe, self.rounding), None
+            return (shared_weight.quantize_dequantize(self._tensor.to(dtype), self.recipe, self.rounding),), None
+        # quantized once per update of the shard: every microbatch's gathers reuse it until a
+        # write through the parameter (the optimizer's step) drops it
+        if self._fp8 is None or self._fp8[0] != (_writes, dtype):
+            self._fp8 = ((_writes, dtype), shared_weight.quantize(self._tensor.to(dtype), self.recipe, self.rounding))
+        return self._fp8[1], None
 
     def fsdp_post_all_gather(self, outputs: tuple[torch.Tensor, ...], metadata: None, param_dtype: torch.dtype,
                              *, out: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor]] | None:

@@ -148,3 +148,33 @@ def test_marking_a_sharded_model_raises(tmp_path):
         assert type(model.w1.to_local()) is torch.Tensor  # left as it was
     finally:
         dist.destroy_process_group()
+
+
+class _Mesh:
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def size(self) -> int:
+        return self.n
+
+
+def test_a_shard_is_quantized_once_per_update():
+    """The all-gather inputs of a shard are reused until a write through the parameter (an
+    optimizer step, a copy, a state dict load) changes it, then made anew from the new values."""
+    p = fsdp.wrap(torch.nn.Parameter(torch.randn(2, 64, 64).bfloat16()), "mxfp8", "rceil")
+    shard = p.data
+    gather = lambda: shard.fsdp_pre_all_gather(_Mesh(2), torch.Size((4, 64, 64)), (), None, None)[0]
+    module = torch.nn.Module()
+    module.w = p
+    writes = [lambda: torch.optim.AdamW([p], lr=0.1).step(), lambda: p.copy_(torch.randn(2, 64, 64)),
+              lambda: module.load_state_dict({"w": torch.randn(2, 64, 64).bfloat16()})]
+    p.grad = torch.randn(2, 64, 64).bfloat16()
+    for write in writes:
+        first = gather()
+        assert gather()[0] is first[0]
+        with torch.no_grad():
+            write()
+        again = gather()
+        assert again[0] is not first[0]
+        for got, want in zip(again, shared_weight.quantize(shard._tensor, "mxfp8")):
+            assert_bitwise_equal(got, want)
