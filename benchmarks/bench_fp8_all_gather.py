@@ -1,8 +1,9 @@
 """What `fsdp_fp8_all_gather=True` costs and saves per MoE layer, on one GPU: the bytes a rank
 sends per all-gather of a layer's expert weights (bf16 against FP8 data + scales), and the time of
-the hooks around it (`fsdp_pre_all_gather` quantizing the rank's shard, `fsdp_post_all_gather`
-dequantizing the gathered weight), beside the time the saved bytes take on a link of the given
-bandwidth. Run side by side in one process, for each recipe.
+the hooks around it (`fsdp_pre_all_gather` quantizing the rank's shard, once per optimizer step;
+`fsdp_post_all_gather` dequantizing the gathered weight, at every all-gather), beside the time
+the saved bytes take on a link of the given bandwidth. Run side by side in one process, for each
+recipe.
 
     python benchmarks/bench_fp8_all_gather.py [--ranks 8] [--link-gbps 400]
         [--out benchmarks/results/fp8_all_gather_h200.json]
@@ -55,8 +56,9 @@ def measure(name: str, recipe: str, ranks: int, link_gbps: float) -> dict:
     bf16_bytes = sum(s.numel() * s.element_size() for s in shards)
     fp8_bytes = sum(t.numel() * t.element_size() for inp in inputs for t in inp)
 
-    def pre() -> None:
+    def pre() -> None:  # a shard's quantization, which it makes once per optimizer step
         for w in weights:
+            w._fp8 = None
             w.fsdp_pre_all_gather(mesh, torch.Size((E, *w.shape[1:])), (), None, None)
 
     def post() -> None:
