@@ -80,3 +80,20 @@ def test_converter_listed_twice_raises():
 def test_importing_the_package_does_not_import_torchtitan():
     code = "import sys, mxfp8_inductor; assert 'torchtitan' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_converter_option_fsdp_fp8_all_gather_survives_the_meta_build():
+    """The converter's fsdp_fp8_all_gather reaches the model TorchTitan builds on the meta device
+    and materializes: its expert weights are FP8AllGatherWeight parameters holding initialized
+    values, and the pass gives each expert GEMM the shared weight rounding."""
+    from mxfp8_inductor.fsdp import FP8AllGatherWeight
+
+    config = _spec("qwen3", "debugmodel_moe", recipe="mxfp8", fsdp_fp8_all_gather=True).model
+    model = _build(config, layers=1)
+    experts = {n: p for n, p in model.named_parameters() if p.dim() == 3}
+    assert experts and all(isinstance(p.data, FP8AllGatherWeight) for p in experts.values()), experts.keys()
+    assert all(p.data._tensor.device.type == "cpu" and p.data._tensor.abs().sum() > 0 for p in experts.values())
+    report = mx.explain(model, torch.randint(0, config.vocab_size, (2, 16)))
+    assert {s.action for s in report.sites} == {"rewritten"}, report
+    ops = [line for g in report.graphs for line in g.splitlines() if "torch.ops.mxfp8.grouped_mm.default(" in line]
+    assert len(ops) == 3 and all(", None, True)" in line for line in ops), ops
