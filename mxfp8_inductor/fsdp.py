@@ -123,6 +123,20 @@ class FP8AllGatherWeight(torch.Tensor):
         return None
 
 
+def plain_state_dict(module: torch.nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:
+    """A `state_dict` post-hook: the module's FP8AllGatherWeight values as plain tensors (also
+    inside FSDP2's DTensors), so that checkpoints hold values alone and load anywhere, `torch.load`'s
+    `weights_only` included; loading into a wrapped parameter copies into it."""
+    for key, value in state_dict.items():
+        if isinstance(value, FP8AllGatherWeight):
+            state_dict[key] = value._tensor
+        elif isinstance(getattr(value, "_local_tensor", None), FP8AllGatherWeight):
+            from torch.distributed.tensor import DTensor
+
+            state_dict[key] = DTensor.from_local(value._local_tensor._tensor, value.device_mesh, value.placements,
+                                                 run_check=False, shape=value.shape, stride=value.stride())
+
+
 def wrap(param: torch.nn.Parameter, recipe: str, rounding: str) -> torch.nn.Parameter:
     """`param` as an FP8AllGatherWeight parameter (a new Parameter object)."""
     data = param.data._tensor if isinstance(param.data, FP8AllGatherWeight) else param.data

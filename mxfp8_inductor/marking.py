@@ -134,6 +134,9 @@ def _set_all_gather(module: torch.nn.Module, fqn: str, config: MXFP8Config, kept
                              "fsdp_fp8_all_gather=True) before fully_shard, which shards what it finds")
         if wanted:
             setattr(module, name, fsdp.wrap(p, config.recipe, config.rounding))
+            if not module.__dict__.get("_mxfp8_plain_state_dict"):
+                module.register_state_dict_post_hook(fsdp.plain_state_dict)
+                module.__dict__["_mxfp8_plain_state_dict"] = True
         elif isinstance(p.data, fsdp.FP8AllGatherWeight):
             setattr(module, name, fsdp.plain(p))
 

@@ -134,7 +134,7 @@ def test_graph_routes_refuse_the_option():
         mx.explain(Experts(), *_inputs(), options={"fsdp_fp8_all_gather": True})
 
 
-def test_marking_a_sharded_model_raises(tmp_path):
+def test_marking_a_sharded_model_raises_and_sharded_state_dicts_hold_plain_values(tmp_path):
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
@@ -146,8 +146,26 @@ def test_marking_a_sharded_model_raises(tmp_path):
         with pytest.raises(ValueError, match="before fully_shard"):
             mx.mxfp8(model, recipe="mxfp8", fsdp_fp8_all_gather=True)
         assert type(model.w1.to_local()) is torch.Tensor  # left as it was
+        model = fully_shard(mx.mxfp8(Experts(), recipe="mxfp8", fsdp_fp8_all_gather=True))
+        assert isinstance(model.w1.to_local(), fsdp.FP8AllGatherWeight)
+        state = model.state_dict()
+        assert type(state["w1"].to_local()) is torch.Tensor
+        assert_bitwise_equal(state["w1"].full_tensor(), Experts().w1.data)
     finally:
         dist.destroy_process_group()
+
+
+def test_checkpoints_hold_plain_values_and_load_into_wrapped_parameters(tmp_path):
+    model = mx.mxfp8(Experts(), recipe="fp8_rowwise", fsdp_fp8_all_gather=True)
+    torch.save(model.state_dict(), tmp_path / "ckpt.pt")
+    state = torch.load(tmp_path / "ckpt.pt")  # weights_only: plain tensors only
+    assert type(state["w1"]) is torch.Tensor
+    other = mx.mxfp8(copy.deepcopy(model), recipe="fp8_rowwise", fsdp_fp8_all_gather=True)
+    with torch.no_grad():
+        other.w1.zero_()
+    other.load_state_dict(state)
+    assert isinstance(other.w1.data, fsdp.FP8AllGatherWeight)
+    assert_bitwise_equal(other.w1.data._tensor, model.w1.data._tensor)
 
 
 class _Mesh:
