@@ -72,9 +72,15 @@ def quantize(w: torch.Tensor, recipe: str, rounding: str = "rceil") -> tuple[tor
 
 def dequantize(data: torch.Tensor, scales: torch.Tensor, recipe: str, dtype: torch.dtype,
                out: torch.Tensor | None = None) -> torch.Tensor:
-    """Inverse of `quantize`, as `dtype` (bf16 or fp32), into `out` (contiguous) if given. Computed
-    in `dtype`, which is exact: an e4m3 value times a power of two is one rounding of the float32
+    """Inverse of `quantize`, as `dtype` (bf16 or fp32), into `out` (data's shape) if given. On
+    CUDA tensors of whole 32-row blocks, the MXFP8 dequantize kernel (`triton_mx.dequantize`, one
+    pass) with each block's scale given per column (`column_scales`); elsewhere computed in
+    `dtype`, which is exact: an e4m3 value times a power of two is one rounding of the float32
     product either way."""
+    if data.is_cuda and data.shape[-2] % TILE == 0:
+        from . import triton_mx  # imported lazily: triton is optional off Linux
+
+        return triton_mx.dequantize(data, column_scales(scales, recipe, data.shape), -2, dtype, out)
     x = data.to(dtype)
     if recipe == "mxfp8":
         scale = _per_element(exponent_to_float(scales.int()).to(dtype), recipe)
@@ -85,6 +91,17 @@ def dequantize(data: torch.Tensor, scales: torch.Tensor, recipe: str, dtype: tor
         return (x * scale).reshape(data.shape)
     torch.mul(x, scale, out=out.view(shape))
     return out
+
+
+def column_scales(scales: torch.Tensor, recipe: str, shape: torch.Size) -> torch.Tensor:
+    """The scales as MXFP8 ones along the rows ([..., R/32, C] e8m0, `reference.dequantize`'s
+    layout along dim -2): a tile's byte over its 32 columns, a matrix's power of two (an exact
+    e8m0 value) everywhere."""
+    *lead, R, C = shape
+    if recipe == "mxfp8":
+        return scales.repeat_interleave(TILE, dim=-1).view(torch.float8_e8m0fnu)
+    biased = ((scales.view(torch.int32) >> 23) & 0xFF).to(torch.uint8)  # 2^-127 and NaN map to 0 and 255
+    return biased[..., None, None].expand(*lead, R // TILE, C).contiguous().view(torch.float8_e8m0fnu)
 
 
 def quantize_dequantize(w: torch.Tensor, recipe: str, rounding: str = "rceil") -> torch.Tensor:

@@ -221,13 +221,16 @@ def quantize_dequantize(
 
 
 def dequantize(
-    data: torch.Tensor, scales: torch.Tensor, dim: int = -1, dtype: torch.dtype = torch.bfloat16
+    data: torch.Tensor, scales: torch.Tensor, dim: int = -1, dtype: torch.dtype = torch.bfloat16,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Triton twin of `reference.dequantize`."""
+    """Triton twin of `reference.dequantize`, into `out` (data's shape, `dtype`) if given."""
     if dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"dequantize writes bf16 or fp32, got {dtype}")
     dim = dim % data.dim()
-    y = torch.empty(data.shape, dtype=dtype, device=data.device)
+    if out is not None and (out.shape != data.shape or out.dtype != dtype or out.device != data.device):
+        raise ValueError(f"out must be {dtype} of shape {tuple(data.shape)} on {data.device}")
+    y = torch.empty(data.shape, dtype=dtype, device=data.device) if out is None else out
     q3 = _view3(data.view(torch.uint8), dim)
     s3 = _view3(scales.view(torch.uint8), dim)
     y3 = _view3(y, dim)

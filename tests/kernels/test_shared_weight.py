@@ -112,3 +112,33 @@ def test_extreme_magnitudes_round_as_the_contract(recipe, rounding):
     w[1, :32, 32:] = 0
     w = w.bfloat16()
     assert_bitwise_equal(shared_weight.quantize_dequantize(w, recipe, rounding), _by_rows(w, recipe, rounding))
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("recipe", ["mxfp8", "fp8_rowwise"])
+def test_the_gpu_dequantization_route_is_bit_exact(recipe):
+    """What CUDA tensors take: MXFP8's dequantize kernel (here under the interpreter) with the
+    scales given per column, into a given output."""
+    from mxfp8_inductor.kernels import triton_mx
+
+    w = _wide(E=2, R=64, C=64)
+    w[0, :32, :32] *= 2.0**-120
+    data, scales = shared_weight.quantize(w, recipe)
+    for dtype in (torch.bfloat16, torch.float32):
+        out = torch.empty(w.shape, dtype=dtype)
+        got = triton_mx.dequantize(data, shared_weight.column_scales(scales, recipe, data.shape), -2, dtype, out)
+        assert got is out
+        assert_bitwise_equal(out, shared_weight.dequantize(data, scales, recipe, dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", ["mxfp8", "fp8_rowwise"])
+def test_cuda_quantize_and_dequantize_equal_the_cpu_ones(recipe):
+    w = _wide(E=2, R=64, C=96)
+    data, scales = shared_weight.quantize(w, recipe)
+    data_d, scales_d = shared_weight.quantize(w.cuda(), recipe)
+    assert_bitwise_equal(data_d.cpu(), data)
+    assert_bitwise_equal(scales_d.cpu(), scales)
+    out = torch.empty(w.shape, dtype=torch.bfloat16, device="cuda")
+    assert shared_weight.dequantize(data_d, scales_d, recipe, torch.bfloat16, out) is out
+    assert_bitwise_equal(out.cpu(), shared_weight.dequantize(data, scales, recipe, torch.bfloat16))
