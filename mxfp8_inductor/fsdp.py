@@ -6,7 +6,7 @@ before each all-gather asks the shard for its all-gather inputs (`fsdp_pre_all_g
 shard's FP8 data and scales, rounded with the shared weight scales (kernels/shared_weight.py),
 about half of bf16's bytes. After the all-gather (`fsdp_post_all_gather`) they are dequantized into
 the unsharded parameter, in the parameter dtype FSDP2 computes in. Tiles and matrices lie within
-one expert, so a shard along experts quantizes exactly as the whole weight; the graph's own
+one expert, so a shard along experts quantizes exactly as the whole weight; the GEMM ops' own
 rounding of the gathered weight then changes nothing (it is idempotent), and a sharded run
 computes as the unsharded one. Between microbatches a rank holds its shard and the shard's FP8
 form, quantized once per optimizer step: any write through the parameter (the optimizer's, a

@@ -155,8 +155,9 @@ def mxfp8(target: Any = None, /, config: MXFP8Config | None = None, **options: A
 
     `mxfp8(model, exclude=[...])` marks an instance; `@mxfp8(exclude=[...])` on an nn.Module
     class marks every instance of it and of its subclasses when built. Options: an
-    `MXFP8Config`, or its keys (include, exclude, recipe, rounding, wgrad, weight_cache, filter_fn);
-    FQNs are relative to the marked model, also when each block is compiled on its own. The mark
+    `MXFP8Config`, or its keys (include, exclude, recipe, rounding, wgrad, weight_cache,
+    fsdp_fp8_all_gather, filter_fn); FQNs are relative to the marked model, also when each block
+    is compiled on its own. With fsdp_fp8_all_gather, mark before `fully_shard`. The mark
     survives deepcopy, pickling, `load_state_dict(assign=True)`, swapped tensors and FSDP2. Expert
     modules (those owning 3-D parameters) get a subclass of their class so compiled graphs are
     not shared with unmarked models or models marked with other options or decisions.
