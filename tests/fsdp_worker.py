@@ -176,6 +176,18 @@ def unsharded_bytes(model: nn.Module) -> int:
     return sum(storages.values())
 
 
+def fp8_held_bytes(model: nn.Module) -> int:
+    """Bytes of the FP8 forms (data and scales) the rank's expert shards keep between all-gathers."""
+    from mxfp8_inductor.fsdp import FP8AllGatherWeight
+
+    total = 0
+    for p in model.parameters():
+        local = getattr(p, "_local_tensor", p.data)
+        if isinstance(local, FP8AllGatherWeight) and local._fp8 is not None:
+            total += sum(t.numel() * t.element_size() for t in local._fp8[1])
+    return total
+
+
 @dataclasses.dataclass
 class Trace:
     losses: list[float]  # per microbatch
@@ -185,6 +197,7 @@ class Trace:
     cached_bytes: list[int]  # mxfp8_inductor's weight cache after each microbatch
     held_bytes: list[int]  # FSDP2's unsharded storage after each microbatch's backward
     held_in_forward: list[int]  # a block's unsharded storage as its forward starts, per block call
+    fp8_held: list[int]  # the FP8 forms the rank's shards keep for their next all-gather, per microbatch
     rewritten: dict[str, int]  # the pass's counters
 
 
@@ -217,7 +230,7 @@ def run(recipe: str, *, unwrap: bool = False, sharded: bool = True, master: torc
             if hasattr(module, "set_force_sum_reduction_for_comms"):
                 module.set_force_sum_reduction_for_comms(True)  # gloo has no AVG: SUM, then a divide
     opt = torch.optim.SGD(model.parameters(), lr=LR)
-    trace = Trace([], {}, False, [], [], [], [], {})
+    trace = Trace([], {}, False, [], [], [], [], [], {})
     if sharded:  # after FSDP2's own pre-forward hook, which unshards the block
         for block in model.blocks:
             block.register_forward_pre_hook(lambda module, args: trace.held_in_forward.append(unsharded_bytes(module)))
@@ -230,6 +243,7 @@ def run(recipe: str, *, unwrap: bool = False, sharded: bool = True, master: torc
                 trace.losses.append(loss.item())
                 trace.cached_bytes.append(weights.cached_bytes())
                 trace.held_bytes.append(unsharded_bytes(model) if sharded else 0)
+                trace.fp8_held.append(fp8_held_bytes(model))
             opt.step()
             opt.zero_grad()
     trace.gathers = meter.calls

@@ -110,9 +110,15 @@ def test_expert_all_gathers_carry_fp8_bytes(runs):
 
 def test_ranks_hold_only_shards_between_microbatches(runs):
     """After each microbatch's backward a rank holds no unsharded parameter storage (FSDP2 freed
-    the FP8 all-gather buffers and the dequantized weights, which it held while a block ran) and
-    no cached FP8 weights."""
-    _, traces = runs
+    the FP8 all-gather buffers and the dequantized weights, which it held while a block ran), no
+    cached FP8 weights, and of FP8 forms exactly its shards' (what it sends: the FP8 size of its
+    shard, half its bf16 bytes)."""
+    world, traces = runs
+    for variant in _variants(world):
+        fp8 = _trace(traces, f"fp8_{variant}")
+        shard_fp8 = sum(_expert_gathers(fp8)[:fsdp_worker.BLOCKS])  # one all-gather per block
+        assert set(fp8["fp8_held"]) == {shard_fp8}, (variant, fp8["fp8_held"], shard_fp8)
+        assert set(_trace(traces, f"bf16_{variant}")["fp8_held"]) == {0}
     for name in traces:
         trace = _trace(traces, name)
         assert not any(trace["cached_bytes"]), (name, trace["cached_bytes"])
