@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..devices import has_mxfp8_mma
 from ..options import check_choice
 from . import triton_common as tc
 from .launch import launch_tuned
@@ -222,7 +223,7 @@ def _consts(offs: torch.Tensor, quant: tuple[bool, bool], rounding: str, native:
     check_choice("rounding", rounding)
     if native and quant != (True, True):
         raise ValueError("native=True multiplies MXFP8 operands: quant must be (True, True)")
-    if native and on_gpu and torch.cuda.get_device_capability(offs.device)[0] != 10:
+    if native and on_gpu and not has_mxfp8_mma(offs.device):
         raise ValueError("native=True needs compute capability 10.x (the MXFP8 MMA)")
     G = offs.numel()
     return dict(G=G, GP=tc.pow2(G), QUANT_A=quant[0], QUANT_B=quant[1], RCEIL=rounding == "rceil", NATIVE=native,

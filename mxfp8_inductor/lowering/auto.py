@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 import torch
 
+from ..devices import has_fp8_grouped_mm, has_mxfp8_mma
 from ..eligibility import MULTIPLE_OF
 
 ROLES = ("forward", "input-grad", "weight-grad")
@@ -123,14 +124,10 @@ def _fixed_recipe(device: torch.device | None) -> str | None:
     tests see its choices)."""
     if device is None or device.type == "cpu":
         return None
-    # ROCm reports gfx9 parts as capability 9.x, but runs none of our FP8 GEMMs natively
-    # (lowering/rowwise.has_fp8_grouped_mm); other device types are not calibrated either
-    if device.type != "cuda" or torch.version.hip is not None:
-        return "bf16"
-    major = torch.cuda.get_device_capability(device)[0]
-    if major == 10:
+    if has_mxfp8_mma(device):
         return "mxfp8"
-    return None if major == 9 else "bf16"
+    # other GPUs (ROCm among them, whatever capability it reports) are not calibrated
+    return None if has_fp8_grouped_mm(device) else "bf16"
 
 
 def plan_for(recipe: str, wgrad: str, *, M: int | None, K: int, N: int, E: int, dense: bool,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from ..devices import has_mxfp8_mma
 from ..kernels.mx import implementation
 from . import weights
 from .library import OUT_DTYPE, define, like
@@ -26,10 +27,6 @@ from .library import OUT_DTYPE, define, like
 FUSED = False
 
 
-def _cc10(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 10
-
-
 def gemm_path(device: torch.device, K: int, N: int) -> str:
     """Which implementation runs a grouped GEMM with contraction K and output width N:
     "native", "fused", "emulated" or "reference"."""
@@ -38,7 +35,7 @@ def gemm_path(device: torch.device, K: int, N: int) -> str:
     if FUSED:
         return "fused"
     # the native scale layouts are verified only where K/32 and N/32 fill whole 4-column tiles
-    if _cc10(device) and K % 128 == 0 and N % 128 == 0:
+    if has_mxfp8_mma(device) and K % 128 == 0 and N % 128 == 0:
         return "native"
     return "emulated"
 
@@ -100,13 +97,13 @@ quantize_dequantize_groups_op = define(
 def _fused_rows(a_MK, b_EKN, offs, rounding):
     from ..kernels import triton_mx_gemm  # imported lazily: triton is optional off Linux
 
-    return triton_mx_gemm.grouped_mm(a_MK, b_EKN, offs, rounding, native=_cc10(a_MK.device))
+    return triton_mx_gemm.grouped_mm(a_MK, b_EKN, offs, rounding, native=has_mxfp8_mma(a_MK.device))
 
 
 def _fused_groups(a_MK, g_MN, offs, rounding):
     from ..kernels import triton_mx_gemm
 
-    return triton_mx_gemm.grouped_mm_wgrad(a_MK, g_MN, offs, rounding, native=_cc10(a_MK.device))
+    return triton_mx_gemm.grouped_mm_wgrad(a_MK, g_MN, offs, rounding, native=has_mxfp8_mma(a_MK.device))
 
 
 fused_grouped_mm_op = define(

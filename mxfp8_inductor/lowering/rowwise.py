@@ -12,16 +12,10 @@ import types
 
 import torch
 
+from ..devices import has_fp8_grouped_mm
 from ..kernels import rowwise
 from . import weights
 from .library import OUT_DTYPE, define
-
-
-def has_fp8_grouped_mm(device: torch.device) -> bool:
-    """Whether torch's rowwise FP8 grouped GEMM is known to run here: compute capability 9.x.
-    Its CUTLASS kernel is built for sm_90 only in some torch builds and traps on sm_103 in others
-    (pytorch/pytorch#188063), so Blackwell takes the emulation (MXFP8 is its native recipe)."""
-    return device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device)[0] == 9
 
 
 def quantizers(device: torch.device) -> types.ModuleType:

@@ -429,3 +429,14 @@ def test_zero_tokens_give_empty_outputs_and_zero_weight_gradients(recipe):
     out.sum().backward()
     assert out.shape == (0, 64) and x.grad.shape == (0, 32)
     assert_bitwise_equal(w.grad, torch.zeros_like(w))
+
+
+@pytest.mark.parametrize("capability", [(9, 4), (10, 0)])
+def test_rocm_runs_no_native_or_fp8_grouped_gemm_whatever_capability_it_reports(monkeypatch, capability):
+    from mxfp8_inductor import devices
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.version, "hip", "6.4")
+    cuda = torch.device("cuda")
+    assert not devices.has_mxfp8_mma(cuda) and not devices.has_fp8_grouped_mm(cuda)
+    assert mx_lowering.gemm_path(cuda, 256, 256) == "emulated"
