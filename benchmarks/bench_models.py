@@ -224,7 +224,7 @@ def worker(args: argparse.Namespace) -> dict:
         compiled = torch.compile(model, backend=mxfp8_backend, options=options)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=args.device == "cuda")
     g = torch.Generator(device=args.device).manual_seed(0)
-    vocab = next(m for m in model.modules() if isinstance(m, torch.nn.Embedding)).num_embeddings  # --tiny: smaller
+    vocab = next(m for m in model.modules() if isinstance(m, torch.nn.Embedding)).num_embeddings
     ids = [torch.randint(0, vocab, (batch, seq), device=args.device, generator=g) for _ in range(args.microbatches)]
     params_gb = sum(p.numel() * p.element_size() for p in model.parameters()) / 1e9
 

@@ -111,7 +111,7 @@ class FP8AllGatherWeight(torch.Tensor):
     def fsdp_post_all_gather(self, outputs: tuple[torch.Tensor, ...], metadata: None, param_dtype: torch.dtype,
                              *, out: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor]] | None:
         if out is None:
-            w = outputs[0] if len(outputs) == 1 else shared_weight.dequantize(*outputs, self.recipe, param_dtype)
+            w = outputs[0] if len(outputs) == 1 else dequantize(*outputs, self.recipe, param_dtype)
             return w, (w,)
         # later all-gathers refill the unsharded parameter in place, keeping its version counter
         # as FSDP2 does: the backward's re-gather must not invalidate what the forward saved
@@ -119,8 +119,20 @@ class FP8AllGatherWeight(torch.Tensor):
             if len(outputs) == 1:
                 out.copy_(outputs[0])
             else:
-                shared_weight.dequantize(*outputs, self.recipe, param_dtype, out=out)
+                dequantize(*outputs, self.recipe, param_dtype, out=out)
         return None
+
+
+def dequantize(data: torch.Tensor, scales: torch.Tensor, recipe: str, dtype: torch.dtype,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """A gathered weight dequantized (`shared_weight.dequantize`): on CUDA, of whole 32-row blocks,
+    by MXFP8's dequantize kernel in one pass. Eager only (FSDP2's hooks); the graphs' rounding is
+    the pure-torch one, which Inductor decomposes."""
+    if data.is_cuda and data.shape[-2] % shared_weight.TILE == 0:
+        from .kernels import triton_mx  # imported lazily: triton is optional off Linux
+
+        return triton_mx.dequantize(data, shared_weight.column_scales(scales, recipe, data.shape), -2, dtype, out)
+    return shared_weight.dequantize(data, scales, recipe, dtype, out)
 
 
 def plain_state_dict(module: torch.nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:

@@ -62,12 +62,7 @@ def _eager(model: Experts, recipe: str):
     return fn, (w1, w2)
 
 
-# on the H200 (torch 2.11) compiling a model whose parameters are FP8AllGatherWeight failed;
-# under FSDP2 the compiled graph sees the plain unsharded parameters instead
-_CUDA_XFAIL = pytest.mark.xfail(reason="compile of FP8AllGatherWeight parameters on CUDA (README, Limitations)")
-
-
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, _CUDA_XFAIL])])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("recipe", ["mxfp8", "fp8_rowwise"])
 def test_compiled_model_equals_the_eager_op_on_the_rounded_weights(recipe, device):
     base, (x, offs) = Experts().to(device), tuple(t.to(device) for t in _inputs())

@@ -72,15 +72,9 @@ def quantize(w: torch.Tensor, recipe: str, rounding: str = "rceil") -> tuple[tor
 
 def dequantize(data: torch.Tensor, scales: torch.Tensor, recipe: str, dtype: torch.dtype,
                out: torch.Tensor | None = None) -> torch.Tensor:
-    """Inverse of `quantize`, as `dtype` (bf16 or fp32), into `out` (data's shape) if given. On
-    CUDA tensors of whole 32-row blocks, the MXFP8 dequantize kernel (`triton_mx.dequantize`, one
-    pass) with each block's scale given per column (`column_scales`); elsewhere computed in
-    `dtype`, which is exact: an e4m3 value times a power of two is one rounding of the float32
-    product either way."""
-    if data.is_cuda and data.shape[-2] % TILE == 0:
-        from . import triton_mx  # imported lazily: triton is optional off Linux
-
-        return triton_mx.dequantize(data, column_scales(scales, recipe, data.shape), -2, dtype, out)
+    """Inverse of `quantize`, as `dtype` (bf16 or fp32), into `out` (data's shape) if given.
+    Computed in `dtype`, which is exact: an e4m3 value times a power of two is one rounding of the
+    float32 product either way."""
     x = data.to(dtype)
     if recipe == "mxfp8":
         scale = _per_element(exponent_to_float(scales.int()).to(dtype), recipe)
@@ -95,8 +89,9 @@ def dequantize(data: torch.Tensor, scales: torch.Tensor, recipe: str, dtype: tor
 
 def column_scales(scales: torch.Tensor, recipe: str, shape: torch.Size) -> torch.Tensor:
     """The scales as MXFP8 ones along the rows ([..., R/32, C] e8m0, `reference.dequantize`'s
-    layout along dim -2): a tile's byte over its 32 columns, a matrix's power of two (an exact
-    e8m0 value) everywhere."""
+    layout along dim -2; R a multiple of 32): a tile's byte over its 32 columns, a matrix's power
+    of two (an exact e8m0 value) everywhere. With them MXFP8's dequantize kernel dequantizes in
+    one pass."""
     *lead, R, C = shape
     if recipe == "mxfp8":
         return scales.repeat_interleave(TILE, dim=-1).view(torch.float8_e8m0fnu)

@@ -6,6 +6,7 @@ import pytest
 import torch
 from helpers import assert_bitwise_equal, sqnr
 
+from mxfp8_inductor import fsdp
 from mxfp8_inductor.kernels import reference, rowwise, shared_weight
 
 
@@ -117,8 +118,8 @@ def test_extreme_magnitudes_round_as_the_contract(recipe, rounding):
 @pytest.mark.interpreter
 @pytest.mark.parametrize("recipe", ["mxfp8", "fp8_rowwise"])
 def test_the_gpu_dequantization_route_is_bit_exact(recipe):
-    """What CUDA tensors take: MXFP8's dequantize kernel (here under the interpreter) with the
-    scales given per column, into a given output."""
+    """What FSDP2's hook takes on CUDA tensors: MXFP8's dequantize kernel (here under the
+    interpreter) with the scales given per column, into a given output."""
     from mxfp8_inductor.kernels import triton_mx
 
     w = _wide(E=2, R=64, C=64)
@@ -140,5 +141,5 @@ def test_cuda_quantize_and_dequantize_equal_the_cpu_ones(recipe):
     assert_bitwise_equal(data_d.cpu(), data)
     assert_bitwise_equal(scales_d.cpu(), scales)
     out = torch.empty(w.shape, dtype=torch.bfloat16, device="cuda")
-    assert shared_weight.dequantize(data_d, scales_d, recipe, torch.bfloat16, out) is out
+    assert fsdp.dequantize(data_d, scales_d, recipe, torch.bfloat16, out) is out
     assert_bitwise_equal(out.cpu(), shared_weight.dequantize(data, scales, recipe, torch.bfloat16))
