@@ -13,8 +13,8 @@ shapes move by 0.1x and more between runs on a busy host).
 
 --gemms times each expert GEMM alone on random operands, uniform token groups, one row per role
 and shape of `RATE_SHAPES` (docs/performance.md, "FP8 grouped GEMM rates"): the forward and input
-gradient (2d-3d) in torch's bf16 `_grouped_mm`, torch's rowwise FP8 `_scaled_grouped_mm` and our
-Triton FP8 grouped GEMM, the weight gradient (2d-2d) in torch's bf16 and FP8 kernels; with
+gradient (2d-3d) and the weight gradient (2d-2d) in torch's bf16 `_grouped_mm`, torch's rowwise
+FP8 `_scaled_grouped_mm` and our Triton FP8 grouped GEMM; with
 --autotune also Inductor's Triton template for `_scaled_grouped_mm` under max-autotune (about two
 minutes of autotuning per GEMM).
 """
@@ -130,7 +130,8 @@ def gemm_rates(experts: int, rows: int, K: int, N: int, autotune: bool) -> list[
     args = (grad_NM.to(F8), x_MK.t().contiguous().to(F8).t(), torch.rand(experts * N, device="cuda"),
             torch.rand(experts * K, device="cuda"), offs)
     kernels = {"bf16": partial(torch._grouped_mm, grad_NM, x_MK, offs=offs),
-               "fp8_torch": partial(scaled, *args[:4], offs=offs)}
+               "fp8_torch": partial(scaled, *args[:4], offs=offs),
+               "fp8_ours": partial(triton_fp8_gemm.scaled_grouped_mm, *args)}
     out.append(("wgrad", K, N, kernels, partial(_template, *args)))
     rows_out = []
     for role, k, n, kernels, template in out:

@@ -8,9 +8,10 @@ import torch
 from helpers import assert_bitwise_equal, assert_sqnr_near, equalize_columns, pow2_scales, sqnr
 
 import mxfp8_inductor as mx
+from mxfp8_inductor import registry
 from mxfp8_inductor.kernels import reference as ref
 from mxfp8_inductor.lowering import mxfp8 as mx_lowering
-from mxfp8_inductor.lowering import rowwise as rw_lowering
+from mxfp8_inductor.registry import Route
 
 pytestmark = pytest.mark.gpu
 
@@ -90,7 +91,7 @@ def test_moe_quantizers_bit_exact(shape):
 
 def test_h200_takes_the_triton_path():
     assert torch.cuda.get_device_capability()[0] != 10 or pytest.skip("Blackwell: native path")
-    assert mx_lowering.gemm_path(torch.device("cuda"), 7168, 2048) == "emulated"
+    assert mx_lowering.gemm_path(torch.device("cuda"), "forward", 7168, 2048) == Route.MXFP8_EMULATED
 
 
 @functools.cache
@@ -170,10 +171,8 @@ def test_compile_fullgraph_on_gpu(recipe):
 @pytest.mark.parametrize("shape", ["fine64", "dsv3"])
 def test_rowwise_fp8_gemms_match_their_emulation(monkeypatch, shape):
     """The FP8 grouped GEMMs (forward 2d-3d, input grad, weight grad 2d-2d on padded groups)
-    compute what the CPU emulation computes, up to fp32 accumulation order: at fine64's ~512
-    tokens per group ours in the forward and input grad and the FP8-rounded operands in torch's
-    bf16 GEMM for the weight grad, torch's FP8 GEMMs at dsv3's ~4096 tokens per group
-    (`rowwise.TRITON_GEMM_MAX_TOKENS_PER_GROUP`, `rowwise.BF16_WGRAD_MAX_TOKENS_PER_GROUP`)."""
+    compute what the CPU emulation computes, up to fp32 accumulation order: ours at fine64's ~512
+    tokens per group, torch's at dsv3's ~4096 (`registry.TRITON_MAX_TOKENS_PER_GROUP`)."""
     E, D, F = SHAPES[shape]
     torch.manual_seed(4)
     offs = uneven_offs(E, TOKENS)
@@ -188,7 +187,7 @@ def test_rowwise_fp8_gemms_match_their_emulation(monkeypatch, shape):
         return out, a_.grad, w_.grad
 
     got = run()
-    monkeypatch.setattr(rw_lowering, "has_fp8_grouped_mm", lambda device: False)
+    monkeypatch.setattr(registry, "has_fp8_grouped_mm", lambda device: False)
     want = run()
     L = int(offs[-1])
     assert sqnr(want[0][:L], got[0][:L]) >= 40
@@ -213,7 +212,7 @@ def test_rowwise_dense_linear_matches_its_emulation(monkeypatch):
         return out, x_.grad, w_.grad
 
     got = run()
-    monkeypatch.setattr(rw_lowering, "has_fp8_grouped_mm", lambda device: False)
+    monkeypatch.setattr(registry, "has_fp8_grouped_mm", lambda device: False)
     for want, have in zip(run(), got):
         assert sqnr(want, have) >= 40
 

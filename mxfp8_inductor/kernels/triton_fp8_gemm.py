@@ -1,20 +1,25 @@
 """Triton twin of `torch._scaled_grouped_mm` for the FP8 rowwise recipe (bf16 out), as emulated by
-`rowwise.scaled_grouped_mm`, in the layout of the forward and input-gradient GEMMs (2d-3d):
-a [M, K] x b [E, K, N] -> out [M, N], token groups along M.
+`rowwise.scaled_grouped_mm`, in both of its layouts: the forward and input gradient's (2d-3d,
+a [M, K] x b [E, K, N] -> out [M, N], token groups along M) and the weight gradient's (2d-2d,
+a [K, T] x b [T, N] -> out [G, K, N], token groups along the contraction T).
 
 Both operands are K-major (the contraction dim contiguous: b is a transposed view), the layout
-Hopper's FP8 wgmma takes, so each program loads byte tiles A [BM, BK] and B [BN, BK] and
-accumulates A @ B^T in fp32. The rowwise scales are powers of two, so applying them to the fp32
-accumulator in the epilogue equals the emulation's dequantize-then-multiply up to summation order.
+Hopper's FP8 wgmma takes: each step loads byte tiles A [BM, BK] and B [BN, BK] by TMA (tensor
+descriptors made in the kernel, which need 16-byte aligned bases and row strides) and
+accumulates A @ B^T in fp32, folding every BK step into the fp32 accumulator as torch's kernel
+does (on the H200 the two agree bit for bit). The rowwise scales are powers of two, so applying
+them to the fp32 accumulator in the epilogue equals the emulation's dequantize-then-multiply up
+to summation order.
 
-No host sync: `offs` is never read on the host. A program owns one [BM, BN] output tile within
-one group: row tiles are counted group after group up to the static bound cdiv(M, BM) + E, each
-program finds its group in a table built in registers, and those past the last tile exit.
-The weight gradient (2d-2d) has no twin here: `lowering/rowwise.py` says what runs it.
+No host sync: `offs` is never read on the host. The kernel is persistent (one program per SM):
+output tiles are counted row tile by column tile, row tiles group after group, and each program
+finds a tile's group in a table built in registers. A tile never spans two groups; its rows past
+the group's end are loaded but never stored. In 2d-2d a tile's contraction ends at its group's
+end: its descriptors are made per tile with the token dim ending there (TMA fills zeros past it).
 
-On GPU the bytes are bitcast to float8 and fed to `tl.dot` as is; the interpreter has no float8
-arithmetic, so there they are decoded to fp32 in integer math and multiplied in IEEE fp32 (exact:
-every product of two float8 values fits in fp32).
+On GPU the float8 tiles go to `tl.dot` as they are; the interpreter has no float8 arithmetic, so
+there the kernel gets the bytes, decodes them to fp32 in integer math and multiplies in IEEE fp32
+(exact: every product of two float8 values fits in fp32).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.runtime import _allocation
 
 from . import triton_common as tc
 from .launch import launch_tuned
@@ -29,86 +35,108 @@ from .launch import launch_tuned
 F8 = torch.float8_e4m3fn
 
 # GPU: Hopper FP8 tiles (BK = 128 bytes: one 128-byte swizzled row per operand row), tuned per
-# shape; BM = 64 wastes less of the partial tiles that many small groups leave.
+# shape. 256 x 128 tiles (two warpgroups of 128 rows) lead at every measured shape; FLATTEN
+# pipelines the next tile's loads under this one's epilogue, which pays where K is short.
 GPU_CONFIGS = [
-    triton.Config({"BM": 128, "BN": 128, "BK": 128}, num_warps=8, num_stages=3),
-    triton.Config({"BM": 128, "BN": 128, "BK": 128}, num_warps=8, num_stages=4),
-    triton.Config({"BM": 128, "BN": 256, "BK": 128}, num_warps=8, num_stages=3),
-    triton.Config({"BM": 128, "BN": 256, "BK": 128}, num_warps=8, num_stages=4),
-    triton.Config({"BM": 64, "BN": 128, "BK": 128}, num_warps=4, num_stages=4),
+    triton.Config({"BM": 256, "BN": 128, "BK": 128, "FLATTEN": False}, num_warps=8, num_stages=3),
+    triton.Config({"BM": 256, "BN": 128, "BK": 128, "FLATTEN": True}, num_warps=8, num_stages=3),
+    triton.Config({"BM": 128, "BN": 256, "BK": 128, "FLATTEN": False}, num_warps=8, num_stages=3),
+    triton.Config({"BM": 128, "BN": 128, "BK": 128, "FLATTEN": True}, num_warps=8, num_stages=4),
 ]
 # the interpreter: small tiles keep CPU tests fast
-INTERPRETER_CONFIG = {"BM": 32, "BN": 32, "BK": 32}
+INTERPRETER_CONFIG = {"BM": 32, "BN": 32, "BK": 32, "FLATTEN": False}
 
 
 @triton.jit
-def _mma(acc, a_rows, a_ok, b_rows, b_ok, k0, k_end, HW_CVT: tl.constexpr, BK: tl.constexpr):
-    """acc + A @ B^T over k0 .. k0+BK-1 (< k_end), A and B K-major float8 bytes: a_rows [BM, 1] and
-    b_rows [BN, 1] point at each row's element 0."""
-    k = k0 + tl.arange(0, BK)
-    k_ok = (k < k_end)[None, :]
-    a = tl.load(a_rows + k[None, :], mask=a_ok[:, None] & k_ok, other=0)
-    b = tl.load(b_rows + k[None, :], mask=b_ok[:, None] & k_ok, other=0)
+def _mma(acc, a, b, HW_CVT: tl.constexpr, BK: tl.constexpr):
+    """acc + a @ b^T for float8 tiles a [BM, BK] and b [BN, BK] (bytes in the interpreter)."""
     if HW_CVT:
-        a8 = a.to(tl.float8e4nv, bitcast=True)
-        b8 = b.to(tl.float8e4nv, bitcast=True)
         # Hopper's FP8 MMA sums into a reduced-precision accumulator; folding each BK step into
         # the fp32 one matches torch's kernel's accuracy, at a cost in speed
-        acc = tl.dot(a8, tl.trans(b8), acc, out_dtype=tl.float32, max_num_imprecise_acc=BK)
-    else:
-        acc = tl.dot(tc.e4m3_decode(a, False), tl.trans(tc.e4m3_decode(b, False)), acc, input_precision="ieee")
-    return acc
-
-
-@triton.jit
-def _contract(
-    a_rows, a_ok, b_rows, b_ok, K,
-    HW_CVT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-):
-    """fp32 sum over k < K of A[:, k] B[:, k]^T (see `_mma`)."""
-    acc = tl.zeros([BM, BN], dtype=tl.float32)
-    if HW_CVT:  # range() is software-pipelined (num_stages); the interpreter cannot take runtime bounds
-        for k0 in range(0, K, BK):
-            acc = _mma(acc, a_rows, a_ok, b_rows, b_ok, k0, K, HW_CVT, BK)
-    else:
-        k0 = 0
-        while k0 < K:
-            acc = _mma(acc, a_rows, a_ok, b_rows, b_ok, k0, K, HW_CVT, BK)
-            k0 += BK
-    return acc
+        return tl.dot(a, tl.trans(b), acc, out_dtype=tl.float32, max_num_imprecise_acc=BK)
+    return tl.dot(tc.e4m3_decode(a, False), tl.trans(tc.e4m3_decode(b, False)), acc, input_precision="ieee")
 
 
 @triton.jit
 def _gemm_2d3d_kernel(
-    a_ptr, s_am, b_ptr, s_be, s_bn, sa_ptr, sb_ptr, out_ptr, offs_ptr, M, N, K,
+    a_ptr, s_am, b_ptr, s_be, s_bn, sa_ptr, sb_ptr, out_ptr, offs_ptr, M, N, K, programs,
     E: tl.constexpr, EP: tl.constexpr, HW_CVT: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FLATTEN: tl.constexpr, TMA_STORE: tl.constexpr = False,
 ):
-    """Program p: row tile p // n_tiles, counted group after group (a group spans cdiv(size, BM)
-    tiles), and column tile p % n_tiles of expert b[g]. Column tiles vary fastest, so the
-    programs in flight share a few A row tiles and one expert's B in L2."""
+    """A persistent kernel: `programs` programs take the output tiles in turn. Tile t is row tile
+    t // n_tiles, counted group after group (a group spans cdiv(size, BM) tiles), and column tile
+    t % n_tiles of expert b[g]: column tiles vary fastest, so the tiles in flight share a few A
+    row tiles and one expert's B in L2. Operand tiles arrive by TMA (tensor descriptors); rows
+    of a tile past its group's end are loaded (the next group's, or zeros past M) but never
+    stored."""
+    a_desc = tl.make_tensor_descriptor(a_ptr, [M, K], [s_am, 1], [BM, BK])
+    b_desc = tl.make_tensor_descriptor(b_ptr, [E, N, K], [s_be, s_bn, 1], [1, BN, BK])
     n_tiles = tl.cdiv(N, BN)
-    pid = tl.program_id(0) // n_tiles
     starts, ends, tile_ends = tc.group_table(offs_ptr, E, EP, BM, M)
-    if pid >= tl.max(tile_ends, 0):
-        return
-    g = tc.group_of(tile_ends, E, pid + tl.zeros([1], dtype=tl.int32))  # a 1-lane block: the helpers take blocks
-    start, end = tc.lane_value(starts, g), tc.lane_value(ends, g)
-    first_tile = tc.lane_value(tile_ends, g) - (end - start + BM - 1) // BM
-    m = start + (pid - first_tile) * BM + tl.arange(0, BM)
-    m_ok = (m < end) & (m < M)  # m < M: malformed offs must not write past out
-    n = (tl.program_id(0) % n_tiles) * BN + tl.arange(0, BN)
-    n_ok = n < N
-    a_rows = a_ptr + m.to(tl.int64)[:, None] * s_am
-    b_rows = b_ptr + g.to(tl.int64)[:, None] * s_be + n.to(tl.int64)[:, None] * s_bn
-    acc = _contract(a_rows, m_ok, b_rows, n_ok, K, HW_CVT, BM, BN, BK)
-    sa = tl.load(sa_ptr + m, mask=m_ok, other=0.0)
-    sb = tl.load(sb_ptr + g * N + n, mask=n_ok, other=0.0)
-    out = out_ptr + m.to(tl.int64)[:, None] * N + n[None, :]
-    tc.store_f32(out, acc * sa[:, None] * sb[None, :], m_ok[:, None] & n_ok[None, :], True, HW_CVT)
+    tiles = tl.max(tile_ends, 0) * n_tiles
+    for t in tl.range(tl.program_id(0), tiles, programs, flatten=FLATTEN):
+        row_tile = t // n_tiles
+        g = tc.group_of(tile_ends, E, row_tile + tl.zeros([1], dtype=tl.int32))  # 1 lane: the helpers take blocks
+        start, end = tl.sum(tc.lane_value(starts, g)), tl.sum(tc.lane_value(ends, g))
+        m0 = start + (row_tile - tl.sum(tc.lane_value(tile_ends, g)) + (end - start + BM - 1) // BM) * BM
+        n0 = (t % n_tiles) * BN
+        e = tl.sum(g)
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            acc = _mma(acc, a_desc.load([m0, k0]), b_desc.load([e, n0, k0]).reshape(BN, BK), HW_CVT, BK)
+        m = m0 + tl.arange(0, BM)
+        m_ok = (m < end) & (m < M)  # m < M: malformed offs must not write past out
+        n = n0 + tl.arange(0, BN)
+        n_ok = n < N
+        sa = tl.load(sa_ptr + m, mask=m_ok, other=0.0)
+        sb = tl.load(sb_ptr + e * N + n, mask=n_ok, other=0.0)
+        if TMA_STORE:
+            o_desc = tl.make_tensor_descriptor(out_ptr, [end, N], [N, 1], [BM, BN])
+            o_desc.store([m0, n0], (acc * sa[:, None] * sb[None, :]).to(tl.bfloat16).to(tl.int16, bitcast=True))
+        else:
+            out = out_ptr + m.to(tl.int64)[:, None] * N + n[None, :]
+            tc.store_f32(out, acc * sa[:, None] * sb[None, :], m_ok[:, None] & n_ok[None, :], True, HW_CVT)
 
 
 _gemm_2d3d_tuned = triton.autotune(GPU_CONFIGS, key=["N", "K"])(_gemm_2d3d_kernel)
+
+
+@triton.jit
+def _gemm_2d2d_kernel(
+    a_ptr, s_ak, b_ptr, s_bn, sa_ptr, sb_ptr, out_ptr, offs_ptr, T, K, N, programs,
+    E: tl.constexpr, EP: tl.constexpr, HW_CVT: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FLATTEN: tl.constexpr,
+):
+    """out[g] [K, N] = A[:, group g] @ B[:, group g]^T, scaled by sa[g, k] sb[g, n]: A [K, T] and
+    B [N, T] K-major along the grouped tokens T. Persistent like `_gemm_2d3d_kernel`; tiles are
+    counted group by group, so the programs in flight share a group's operands in L2. Each tile
+    makes its descriptors with the token dim ending at its group's end, so TMA reads zeros
+    past it rather than the next group's tokens."""
+    k_tiles, n_tiles = tl.cdiv(K, BM), tl.cdiv(N, BN)
+    per_group = k_tiles * n_tiles
+    starts = tc.group_ends(offs_ptr, E, EP, T, 1)
+    ends = tc.group_ends(offs_ptr, E, EP, T, 0)
+    for t in tl.range(tl.program_id(0), E * per_group, programs, flatten=FLATTEN):
+        g = t // per_group + tl.zeros([1], dtype=tl.int32)  # 1 lane: the helpers take blocks
+        start, end = tl.sum(tc.lane_value(starts, g)), tl.sum(tc.lane_value(ends, g))
+        k0 = (t % per_group) // n_tiles * BM
+        n0 = (t % n_tiles) * BN
+        a_desc = tl.make_tensor_descriptor(a_ptr, [K, end], [s_ak, 1], [BM, BK])
+        b_desc = tl.make_tensor_descriptor(b_ptr, [N, end], [s_bn, 1], [BN, BK])
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+        for m0 in range(start, end, BK):
+            acc = _mma(acc, a_desc.load([k0, m0]), b_desc.load([n0, m0]), HW_CVT, BK)
+        e = tl.sum(g)
+        k = k0 + tl.arange(0, BM)
+        n = n0 + tl.arange(0, BN)
+        k_ok, n_ok = k < K, n < N
+        sa = tl.load(sa_ptr + e * K + k, mask=k_ok, other=0.0)
+        sb = tl.load(sb_ptr + e * N + n, mask=n_ok, other=0.0)
+        out = out_ptr + e.to(tl.int64) * K * N + k.to(tl.int64)[:, None] * N + n[None, :]
+        tc.store_f32(out, acc * sa[:, None] * sb[None, :], k_ok[:, None] & n_ok[None, :], True, HW_CVT)
+
+
+_gemm_2d2d_tuned = triton.autotune(GPU_CONFIGS, key=["K", "N"])(_gemm_2d2d_kernel)
 
 
 def _check(a, b, scale_a, scale_b, offs) -> None:
@@ -120,11 +148,8 @@ def _check(a, b, scale_a, scale_b, offs) -> None:
         raise ValueError(f"offs must be a 1-D int32 tensor of group ends, got {offs.dtype} {tuple(offs.shape)}")
     if len({t.device for t in (a, b, scale_a, scale_b, offs)}) != 1:
         raise ValueError("a, b, scale_a, scale_b and offs must be on one device")
-    if a.dim() != 2 or b.dim() != 3:
-        raise ValueError(
-            f"need a 2-D and b 3-D (the 2d-3d layout; use torch._scaled_grouped_mm for 2d-2d), "
-            f"got {a.dim()}-D and {b.dim()}-D"
-        )
+    if a.dim() != 2 or b.dim() not in (2, 3):
+        raise ValueError(f"need a 2-D and b 3-D (2d-3d) or 2-D (2d-2d), got {a.dim()}-D and {b.dim()}-D")
     if a.shape[1] != b.shape[-2]:
         raise ValueError(f"contraction dims differ: a {tuple(a.shape)}, b {tuple(b.shape)}")
     if a.stride(1) != 1:
@@ -134,32 +159,63 @@ def _check(a, b, scale_a, scale_b, offs) -> None:
             f"b must be a transposed view of a tensor contiguous along the contraction dim "
             f"(b.stride(-2) == 1), got strides {b.stride()}"
         )
+    rows = [st for i, st in enumerate(b.stride()) if i != b.dim() - 2]  # every stride but the unit one
+    if any(x % 16 for x in (a.stride(0), *rows, a.data_ptr(), b.data_ptr())):
+        raise ValueError(
+            f"a and b must start at 16-byte aligned addresses with row strides of multiples of 16 bytes "
+            f"(TMA), got strides {a.stride()} and {b.stride()}: pass contiguous copies with K a multiple of 16"
+        )
 
 
 def scaled_grouped_mm(
     a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, offs: torch.Tensor
 ) -> torch.Tensor:
     """`torch._scaled_grouped_mm(a, b, scale_a, scale_b, offs=offs, out_dtype=torch.bfloat16)` for
-    rowwise float8_e4m3fn operands a [M, K], b [E, K, N], scale_a [M], scale_b [E, N] and offs [E]
-    group ends along M (semantics: `rowwise.scaled_grouped_mm`); returns [M, N], rows past
-    offs[-1] unwritten."""
+    rowwise float8_e4m3fn operands (semantics: `rowwise.scaled_grouped_mm`), contraction dim
+    contiguous in both:
+      2d-3d  a [M, K], b [E, K, N], scale_a [M], scale_b [E, N], offs [E] group ends along M
+             -> [M, N], rows past offs[-1] unwritten;
+      2d-2d  a [K, T], b [T, N], scale_a [G * K], scale_b [G * N], offs [G] group ends along T
+             -> [G, K, N], an empty group's block zero."""
     _check(a, b, scale_a, scale_b, offs)
-    (M, K), (E, _, N) = a.shape, b.shape
-    if offs.numel() != E:
-        raise ValueError(f"offs must hold one group end per expert: {offs.numel()} for {E} experts")
-    if scale_a.shape != (M,) or scale_b.shape != (E, N):
+    if b.dim() == 3:
+        (M, K), (E, _, N) = a.shape, b.shape
+        want_offs, want_a, want_b, out_shape = E, [M], [E, N], (M, N)
+    else:
+        (K, T), (_, N), E = a.shape, b.shape, offs.numel()
+        want_offs, want_a, want_b, out_shape = E, [E * K], [E * N], (E, K, N)
+    if offs.numel() != want_offs:
+        raise ValueError(f"offs must hold one group end per expert: {offs.numel()} for {want_offs} experts")
+    if list(scale_a.shape) != want_a or list(scale_b.shape) != want_b:
         raise ValueError(
-            f"scales must be scale_a [M]={[M]} and scale_b [E, N]={[E, N]}, "
-            f"got {list(scale_a.shape)} and {list(scale_b.shape)}"
+            f"scales must be scale_a {want_a} and scale_b {want_b}, got {list(scale_a.shape)} and {list(scale_b.shape)}"
         )
-    out = torch.empty((M, N), dtype=torch.bfloat16, device=a.device)
+    out = torch.empty(out_shape, dtype=torch.bfloat16, device=a.device)
     if out.numel() == 0:
         return out
-    a8, b8 = a.view(torch.uint8), b.view(torch.uint8)
-    grid = lambda c: ((tc.cdiv(M, c["BM"]) + E) * tc.cdiv(N, c["BN"]),)
-    launch_tuned(
-        _gemm_2d3d_kernel, _gemm_2d3d_tuned, (N, K), grid,
-        (a8, a8.stride(0), b8, b8.stride(0), b8.stride(2), scale_a.contiguous(), scale_b.contiguous(), tc.as_bits(out),
-         offs, M, N, K), dict(E=E, EP=tc.pow2(E), HW_CVT=a.is_cuda), INTERPRETER_CONFIG,
-    )
+    # the interpreter has no float8 arithmetic: it gets the bytes (see `_mma`)
+    a_op, b_op = (a, b) if a.is_cuda else (a.view(torch.uint8), b.view(torch.uint8))
+    if a.is_cuda:
+        _ensure_allocator()
+    programs = _programs(a.device)
+    consts = dict(E=E, EP=tc.pow2(E), HW_CVT=a.is_cuda)
+    scales = (scale_a.contiguous(), scale_b.contiguous(), tc.as_bits(out), offs)
+    if b.dim() == 3:
+        args = (a_op, a.stride(0), b_op, b.stride(0), b.stride(2), *scales, M, N, K, programs)
+        launch_tuned(_gemm_2d3d_kernel, _gemm_2d3d_tuned, (N, K), (programs,), args, consts, INTERPRETER_CONFIG)
+    else:
+        args = (a_op, a.stride(0), b_op, b.stride(1), *scales, T, K, N, programs)
+        launch_tuned(_gemm_2d2d_kernel, _gemm_2d2d_tuned, (K, N), (programs,), args, consts, INTERPRETER_CONFIG)
     return out
+
+
+def _programs(device: torch.device) -> int:
+    """One program per SM (the kernel is persistent); a few in the interpreter."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 3
+
+
+def _ensure_allocator() -> None:
+    """Tensor descriptors made in a kernel need a global scratch buffer from Triton's allocator:
+    give Triton a torch-backed one unless the program has set its own."""
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))

@@ -25,8 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..devices import has_mxfp8_mma
 from ..options import check_choice
+from ..registry import has_mxfp8_mma
 from . import triton_common as tc
 from .launch import launch_tuned
 

@@ -20,10 +20,9 @@ from typing import NamedTuple
 
 import torch
 
-from ..devices import has_fp8_grouped_mm, has_mxfp8_mma
 from ..eligibility import MULTIPLE_OF
+from ..registry import ROLES, has_fp8_grouped_mm, has_mxfp8_mma
 
-ROLES = ("forward", "input-grad", "weight-grad")
 FP8 = ("fp8_rowwise", "mxfp8")
 MARGIN = 0.03
 _DATA = pathlib.Path(__file__).with_name("auto_h200.json")

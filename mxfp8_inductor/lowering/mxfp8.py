@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from ..devices import has_mxfp8_mma
 from ..kernels.mx import implementation
+from ..registry import Route, has_mxfp8_mma, route
 from . import weights
 from .library import OUT_DTYPE, define, like
 
@@ -27,17 +27,9 @@ from .library import OUT_DTYPE, define, like
 FUSED = False
 
 
-def gemm_path(device: torch.device, K: int, N: int) -> str:
-    """Which implementation runs a grouped GEMM with contraction K and output width N:
-    "native", "fused", "emulated" or "reference"."""
-    if device.type != "cuda":
-        return "reference"
-    if FUSED:
-        return "fused"
-    # the native scale layouts are verified only where K/32 and N/32 fill whole 4-column tiles
-    if has_mxfp8_mma(device) and K % 128 == 0 and N % 128 == 0:
-        return "native"
-    return "emulated"
+def gemm_path(device: torch.device, role: str, K: int, N: int) -> Route:
+    """Which implementation runs a GEMM with contraction K and output width N (`registry.route`)."""
+    return route("mxfp8", role, device, K, N, None, fused=FUSED)
 
 
 # --------------------------------------------------------------------------------------------
@@ -159,40 +151,40 @@ def _weight_gemm(x_MC, b_EKN, offs, rounding, dgrad):
 
 def forward(a_MK, b_EKN, offs, rounding, param, decomposing):
     K, N = b_EKN.shape[-2:]
-    path = gemm_path(a_MK.device, K, N)
-    if path == "native":
+    path = gemm_path(a_MK.device, "forward", K, N)
+    if path == Route.MXFP8_NATIVE:
         if decomposing:  # keep the op: its native path is not decomposed
             return NotImplemented
         return _scaled_grouped_mm(native_forward_args(implementation(a_MK.device), a_MK, b_EKN, offs, rounding, param))
-    if path == "fused":
+    if path == Route.MXFP8_FUSED:
         return fused_grouped_mm_op(a_MK, b_EKN, offs, rounding)
     return _weight_gemm(a_MK, b_EKN, offs, rounding, dgrad=False)
 
 
 def dgrad(grad_MN, b_EKN, offs, rounding, param, decomposing):
     K, N = b_EKN.shape[-2:]
-    path = gemm_path(grad_MN.device, N, K)
-    if path == "native":
+    path = gemm_path(grad_MN.device, "input-grad", N, K)
+    if path == Route.MXFP8_NATIVE:
         if decomposing:
             return NotImplemented
         args = native_dgrad_args(implementation(grad_MN.device), grad_MN, b_EKN, offs, rounding, param)
         return _scaled_grouped_mm(args)
-    if path == "fused":
+    if path == Route.MXFP8_FUSED:
         return fused_grouped_mm_op(grad_MN, b_EKN.transpose(-2, -1), offs, rounding)
     return _weight_gemm(grad_MN, b_EKN, offs, rounding, dgrad=True)
 
 
 def wgrad(grad_MN, a_MK, offs, rounding, decomposing):
     K, N = a_MK.shape[1], grad_MN.shape[1]
-    path = gemm_path(a_MK.device, K, N)
-    if path == "native":
+    path = gemm_path(a_MK.device, "weight-grad", K, N)
+    if path == Route.MXFP8_NATIVE:
         if decomposing:
             return NotImplemented
         dw_EKN = _scaled_grouped_mm(native_wgrad_args(implementation(a_MK.device), grad_MN, a_MK, offs, rounding))
         # an empty group is skipped by the kernel: its gradient is 0, not whatever was in memory
         sizes = torch.diff(offs, prepend=offs.new_zeros(1))
         return torch.where((sizes > 0)[:, None, None], dw_EKN, 0)
-    if path == "fused":
+    if path == Route.MXFP8_FUSED:
         return fused_grouped_mm_wgrad_op(a_MK, grad_MN, offs, rounding)
     a_q = quantize_dequantize_groups_op(a_MK, offs, rounding)
     g_q = quantize_dequantize_groups_op(grad_MN, offs, rounding)
@@ -212,7 +204,7 @@ def _one_group(x_MK: torch.Tensor) -> torch.Tensor:
 
 def dense_forward(x_MK, w_NK, rounding, param, decomposing):
     b_EKN = w_NK.t()[None]
-    if gemm_path(x_MK.device, *b_EKN.shape[-2:]) == "native":
+    if gemm_path(x_MK.device, "forward", *b_EKN.shape[-2:]) == Route.MXFP8_NATIVE:
         return forward(x_MK, b_EKN, _one_group(x_MK), rounding, param, decomposing)
     return _weight_gemm(x_MK, b_EKN, None, rounding, dgrad=False)
 
@@ -220,7 +212,7 @@ def dense_forward(x_MK, w_NK, rounding, param, decomposing):
 def dense_dgrad(grad_MN, w_NK, rounding, param, decomposing):
     b_EKN = w_NK.t()[None]
     K, N = b_EKN.shape[-2:]
-    if gemm_path(grad_MN.device, N, K) == "native":
+    if gemm_path(grad_MN.device, "input-grad", N, K) == Route.MXFP8_NATIVE:
         return dgrad(grad_MN, b_EKN, _one_group(grad_MN), rounding, param, decomposing)
     return _weight_gemm(grad_MN, b_EKN, None, rounding, dgrad=True)
 
@@ -228,7 +220,7 @@ def dense_dgrad(grad_MN, w_NK, rounding, param, decomposing):
 def dense_wgrad(grad_MN, x_MK, rounding, decomposing):
     # blocks along the tokens: one group of all M rows, whose last block may be short
     ends = _one_group(x_MK)
-    if gemm_path(x_MK.device, grad_MN.shape[1], x_MK.shape[1]) == "native":
+    if gemm_path(x_MK.device, "weight-grad", grad_MN.shape[1], x_MK.shape[1]) == Route.MXFP8_NATIVE:
         # the weight gradient is symmetric in its operands: x as the "gradient" gives [1, N, K],
         # the weight's own layout, contiguous as the op's fake promises
         dw_1NK = wgrad(x_MK, grad_MN, ends, rounding, decomposing)

@@ -12,8 +12,9 @@ import types
 
 import torch
 
-from ..devices import has_fp8_grouped_mm
+from .. import registry
 from ..kernels import rowwise
+from ..registry import Route
 from . import weights
 from .library import OUT_DTYPE, define
 
@@ -70,20 +71,14 @@ fp8_grouped_mm_op = define(
 )
 
 
-# Tokens per group below which our Triton FP8 grouped GEMM beats torch's (CUTLASS) one on Hopper
-# in the forward and input-gradient layout (2d-3d): torch's tiles are sized for large groups
-# (docs/performance.md, "FP8 grouped GEMM rates").
-TRITON_GEMM_MAX_TOKENS_PER_GROUP = 1024
-# Tokens per group below which the weight gradient (2d-2d) multiplies its FP8-rounded operands in
-# torch's bf16 grouped GEMM: there no FP8 kernel we have beats bf16 on Hopper
-# (docs/performance.md, "FP8 grouped GEMM rates").
-BF16_WGRAD_MAX_TOKENS_PER_GROUP = 1024
-
-
-def _gemm(a, b, scale_a, scale_b, offs) -> torch.Tensor:
-    if not has_fp8_grouped_mm(a.device):
+def _gemm(role, a, b, scale_a, scale_b, offs, tokens_per_group) -> torch.Tensor:
+    """The FP8 grouped GEMM of `role` (2d-3d forward and input gradient, 2d-2d weight gradient)
+    by `registry.route`."""
+    K, N = a.shape[1] if b.dim() == 3 else a.shape[0], b.shape[-1]
+    path = registry.route("fp8_rowwise", role, a.device, K, N, tokens_per_group)
+    if path == Route.ROWWISE_EMULATED:
         return rowwise.scaled_grouped_mm(a, b, scale_a, scale_b, offs)
-    if b.dim() == 3 and a.shape[0] < TRITON_GEMM_MAX_TOKENS_PER_GROUP * offs.numel():
+    if path == Route.ROWWISE_TRITON:
         return fp8_grouped_mm_op(a, b, scale_a, scale_b, offs)
     return torch._scaled_grouped_mm(a, b, scale_a, scale_b, offs=offs, out_dtype=OUT_DTYPE)
 
@@ -97,18 +92,19 @@ def _weight_operand(b_EKN: torch.Tensor, param: torch.Tensor, rounding: str, dgr
     return (data_EKN.transpose(-2, -1), scales_EK) if dgrad else (data_ENK.transpose(-2, -1), scales_EN)
 
 
-def _grouped_or_dense(x_fp8, w_fp8, w_scales, x_scales, offs):
+def _grouped_or_dense(x_fp8, w_fp8, w_scales, x_scales, offs, dgrad):
     """The grouped GEMM, or with offs None the dense one of a one-expert weight operand."""
     if offs is None:
         return _mm(x_fp8, w_fp8[0], x_scales, w_scales[0])
-    return _gemm(x_fp8, w_fp8, x_scales, w_scales, offs)
+    role = "input-grad" if dgrad else "forward"
+    return _gemm(role, x_fp8, w_fp8, x_scales, w_scales, offs, x_fp8.shape[0] / max(offs.numel(), 1))
 
 
 def _cached_weight_gemm(x_fp8, x_scales, b_EKN, param, offs, rounding, dgrad):
     """x_fp8 [M, C] times the FP8 weight operand, reused under `param`'s version counter
     (lowering/weights.py): grouped when offs is given, else dense (b_EKN then [1, K, N], a dense
     weight's transposed view)."""
-    return _grouped_or_dense(x_fp8, *_weight_operand(b_EKN, param, rounding, dgrad), x_scales, offs)
+    return _grouped_or_dense(x_fp8, *_weight_operand(b_EKN, param, rounding, dgrad), x_scales, offs, dgrad)
 
 
 def _cached_weight_gemm_fake(x_fp8, x_scales, b_EKN, param, offs, rounding, dgrad):
@@ -134,7 +130,7 @@ def _weight_gemm(x_MC, b_EKN, offs, rounding, param, dgrad):
     if param is not None:
         return cached_weight_gemm_op(x_fp8, x_scales, b_EKN, param, offs, rounding, dgrad)
     w_fp8, w_scales = rowwise.quantize_rows(b_EKN if dgrad else b_EKN.transpose(-2, -1), -1, rounding)
-    return _grouped_or_dense(x_fp8, w_fp8.contiguous().transpose(-2, -1), w_scales, x_scales, offs)
+    return _grouped_or_dense(x_fp8, w_fp8.contiguous().transpose(-2, -1), w_scales, x_scales, offs, dgrad)
 
 
 # --------------------------------------------------------------------------------------------
@@ -150,14 +146,10 @@ def dgrad(grad_MN, b_EKN, offs, rounding, param, decomposing):
 
 
 def wgrad(grad_MN, a_MK, offs, rounding, decomposing):
-    if has_fp8_grouped_mm(a_MK.device) and a_MK.shape[0] < BF16_WGRAD_MAX_TOKENS_PER_GROUP * offs.numel():
-        # same rounding as below; Inductor fuses each operand's rounding into one pass after its amax
-        a_q = rowwise.quantize_dequantize_groups(a_MK, offs, group_amax_op(a_MK, offs), rounding)
-        g_q = rowwise.quantize_dequantize_groups(grad_MN, offs, group_amax_op(grad_MN, offs), rounding)
-        return torch._grouped_mm(a_q.t(), g_q, offs)
     a_fp8_KMp, a_scales_GK, padded_offs = quantize_groups_rowwise_op(a_MK, offs, rounding)
     g_fp8_NMp, g_scales_GN, _ = quantize_groups_rowwise_op(grad_MN, offs, rounding)
-    return _gemm(a_fp8_KMp, g_fp8_NMp.t(), a_scales_GK.reshape(-1), g_scales_GN.reshape(-1), padded_offs)
+    return _gemm("weight-grad", a_fp8_KMp, g_fp8_NMp.t(), a_scales_GK.reshape(-1), g_scales_GN.reshape(-1),
+                 padded_offs, a_MK.shape[0] / max(offs.numel(), 1))
 
 
 # --------------------------------------------------------------------------------------------
@@ -168,7 +160,7 @@ def wgrad(grad_MN, a_MK, offs, rounding, decomposing):
 def _mm(a_MK, b_KN, scale_M, scale_N) -> torch.Tensor:
     """a [M, K] row-major float8 times b [K, N] column-major float8 with one scale per row of a
     and per column of b, bf16 out."""
-    if has_fp8_grouped_mm(a_MK.device):
+    if registry.has_fp8_grouped_mm(a_MK.device):
         return torch._scaled_mm(a_MK, b_KN, scale_a=scale_M[:, None], scale_b=scale_N[None, :], out_dtype=OUT_DTYPE)
     a = (a_MK.float() * scale_M[:, None]).to(OUT_DTYPE)
     b = (b_KN.float() * scale_N[None, :]).to(OUT_DTYPE)
@@ -184,7 +176,7 @@ def dense_dgrad(grad_MN, w_NK, rounding, param, decomposing):
 
 
 def dense_wgrad(grad_MN, x_MK, rounding, decomposing):
-    if has_fp8_grouped_mm(x_MK.device):
+    if registry.has_fp8_grouped_mm(x_MK.device):
         # torch's FP8 GEMM takes a contraction (here the tokens) in multiples of 16; zero rows
         # change no scale and add nothing
         pad = -x_MK.shape[0] % rowwise.ALIGN

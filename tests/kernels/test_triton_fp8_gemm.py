@@ -10,6 +10,7 @@ from mxfp8_inductor.kernels import rowwise, triton_fp8_gemm
 # Both sides sum exact float8 products in fp32 (Hopper: in a few bits less within each BK step)
 # and round once to bf16: they differ by at most one bf16 ulp (2^-7 relative) unless the sum cancels.
 BF16_ULP = 2.0**-7
+F8 = torch.float8_e4m3fn
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -52,6 +53,39 @@ def test_2d3d_matches_emulation(case):
     _assert_close_to_emulation(out[:end], rowwise.scaled_grouped_mm(*args)[:end])
 
 
+def _wgrad_operands(sizes, K, N, seed=0, device=DEVICE):
+    """As `lowering.rowwise.wgrad`: a [K, T] and b [T, N] (a transposed view of [N, T]), the
+    tokens of each group padded with zeros to a multiple of 16, scales per group and column."""
+    g = torch.Generator().manual_seed(seed)
+    offs = make_offs(sizes, device)
+    x_MK = _tokens(int(offs[-1]), K, g).to(device)
+    grad_MN = _tokens(int(offs[-1]), N, g).to(device)
+    a_KT, sa_GK, padded = rowwise.quantize_groups(x_MK, offs)
+    g_NT, sg_GN, _ = rowwise.quantize_groups(grad_MN, offs)
+    return a_KT.contiguous(), g_NT.contiguous().t(), sa_GK.reshape(-1), sg_GN.reshape(-1), padded
+
+
+WGRAD_CASES = {
+    "uneven": ([40, 0, 17, 64], 48, 40),
+    "single": ([70], 32, 24),
+    "empty_last": ([33, 0], 16, 64),
+    "smaller_than_a_tile": ([1, 5, 0, 2, 31], 16, 8),
+}
+
+
+@pytest.mark.parametrize("case", WGRAD_CASES)
+def test_2d2d_matches_emulation(case):
+    """The weight gradient's layout: every group's block, an empty group's zero."""
+    sizes, K, N = WGRAD_CASES[case]
+    args = _wgrad_operands(sizes, K, N)
+    out = triton_fp8_gemm.scaled_grouped_mm(*args)
+    assert out.shape == (len(sizes), K, N) and out.dtype == torch.bfloat16
+    want = rowwise.scaled_grouped_mm(*args)
+    empty = torch.tensor(sizes) == 0
+    assert torch.all(out[empty] == 0)
+    _assert_close_to_emulation(out[~empty], want[~empty])
+
+
 def test_second_call_with_other_values_and_group_ends_uses_its_own_tensors():
     """The second call takes the launch bound by the first (`launch.launch_keyed`)."""
     for seed, sizes in enumerate(([40, 0, 17, 64], [64, 17, 0, 40])):
@@ -82,7 +116,14 @@ def _bad(args, **changes):
     return {"a": a, "b": b, "scale_a": sa, "scale_b": sb, "offs": offs} | changes
 
 
+def _shifted(t: torch.Tensor, by: int = 1) -> torch.Tensor:
+    """A copy of t that starts `by` elements past an allocation's (aligned) start."""
+    buf = torch.zeros(t.numel() + by, dtype=t.dtype, device=t.device)
+    return buf[by:].view(t.shape).copy_(t)
+
+
 F_ARGS = _forward_operands([3, 5], K=16, N=8)
+W_ARGS = _wgrad_operands([3, 5], K=16, N=8)
 BAD_INPUTS = {
     "a_not_fp8": (_bad(F_ARGS, a=F_ARGS[0].bfloat16()), "float8_e4m3fn"),
     "scale_not_fp32": (_bad(F_ARGS, scale_a=F_ARGS[2].double()), "float32"),
@@ -92,8 +133,12 @@ BAD_INPUTS = {
     "b_contiguous": (_bad(F_ARGS, b=F_ARGS[1].contiguous()), r"stride\(-2\) == 1"),
     "k_mismatch": (_bad(F_ARGS, b=F_ARGS[1][:, :8]), "contraction dims"),
     "offs_per_expert": (_bad(F_ARGS, offs=F_ARGS[4][:1]), "one group end per expert"),
-    "scale_b_shape": (_bad(F_ARGS, scale_b=F_ARGS[3].reshape(-1)), r"scale_b \[E, N\]"),
-    "b_2d": (_bad(F_ARGS, b=F_ARGS[1][0]), "b 3-D"),
+    "scale_b_shape": (_bad(F_ARGS, scale_b=F_ARGS[3].reshape(-1)), r"scale_b \[2, 8\]"),
+    "b_4d": (_bad(F_ARGS, b=F_ARGS[1][None]), "b 3-D"),
+    "a_unaligned": (_bad(F_ARGS, a=_shifted(F_ARGS[0])), "16-byte aligned"),
+    "scale_a_2d2d": (_bad(W_ARGS, scale_a=W_ARGS[2][:-1]), r"scale_a \[32\]"),
+    "offs_2d2d": (_bad(W_ARGS, offs=W_ARGS[4].to(torch.int64)), "int32"),
+    "a_row_stride": (_bad(F_ARGS, a=torch.zeros(8, 24, dtype=F8, device=DEVICE)[:, :16]), "16-byte aligned"),
 }
 
 
@@ -105,7 +150,10 @@ def test_bad_inputs_raise(case):
 
 
 @pytest.mark.gpu
-def test_matches_torch_scaled_grouped_mm_on_gpu():
+def test_equals_torch_scaled_grouped_mm_on_gpu():
+    """Both kernels fold every 128-deep K step of the FP8 MMA into an fp32 accumulator and scale
+    in the epilogue: on Hopper their outputs agree bit for bit, partial tiles and empty groups
+    included."""
     g = torch.Generator().manual_seed(0)
     sizes = [700, 0, 1, 513, 1200, 31, 900, 251]  # 3596 of 4096 tokens: the rest is past the end
     M, K, N = 4096, 1024, 1024
@@ -115,7 +163,18 @@ def test_matches_torch_scaled_grouped_mm_on_gpu():
     args, valid = (a, w.transpose(-2, -1), sa, sw, offs), slice(0, sum(sizes))
     want = torch._scaled_grouped_mm(*args[:4], offs=args[4], out_dtype=torch.bfloat16)
     out = triton_fp8_gemm.scaled_grouped_mm(*args)
-    assert sqnr(want[valid], out[valid]) >= 40
+    assert torch.equal(out[valid], want[valid]), sqnr(want[valid], out[valid])
+
+
+@pytest.mark.gpu
+def test_2d2d_equals_torch_scaled_grouped_mm_on_gpu():
+    sizes = [700, 0, 1, 513, 1200, 31, 900, 251]
+    args = _wgrad_operands(sizes, 512, 384, device="cuda")
+    want = torch._scaled_grouped_mm(*args[:4], offs=args[4], out_dtype=torch.bfloat16)
+    out = triton_fp8_gemm.scaled_grouped_mm(*args)
+    full = torch.tensor(sizes) > 0  # torch's kernel leaves an empty group's block unwritten
+    assert torch.all(out[~full] == 0)
+    assert torch.equal(out[full], want[full]), sqnr(want[full], out[full])
 
 
 def test_opcheck_of_the_custom_op():

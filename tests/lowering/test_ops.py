@@ -9,10 +9,12 @@ from helpers import assert_bitwise_equal, assert_sqnr_near, equalize_columns, ma
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import mxfp8_inductor as mx
+from mxfp8_inductor import registry
 from mxfp8_inductor.kernels import reference, rowwise, triton_mx
 from mxfp8_inductor.lowering import mxfp8 as mx_lowering
 from mxfp8_inductor.lowering import ops as gm
 from mxfp8_inductor.lowering import rowwise as rw_lowering
+from mxfp8_inductor.registry import ROLES, Route
 
 # uneven groups: empty ones, sizes that are not multiples of 32, and rows past offs[-1]
 GROUPS = {
@@ -168,7 +170,7 @@ def test_fused_path_matches_reference_path(monkeypatch, transposed):
     equal up to the order of the fp32 sums (one bf16 rounding of the same products)."""
     a, w, b_of, offs, grad = _problem(8, K=64, N=96, transposed=transposed)
     expected = _run(mx.grouped_mm, a, w, b_of, offs, grad)
-    monkeypatch.setattr(mx_lowering, "gemm_path", lambda device, K, N: "fused")
+    monkeypatch.setattr(mx_lowering, "gemm_path", lambda device, role, K, N: Route.MXFP8_FUSED)
     got = _run(mx.grouped_mm, a, w, b_of, offs, grad)
     L = int(offs[-1])
     for x, y in ((got[0][:L], expected[0][:L]), (got[1][:L], expected[1][:L]), (got[2], expected[2])):
@@ -305,14 +307,13 @@ def _rowwise_forward(a, w_ENK, offs, cache):
 def test_rowwise_forward_decomposes_to_fusible_ops_and_a_visible_fp8_gemm(monkeypatch, tokens_per_group, gemm):
     """On Hopper, Inductor sees fp8_rowwise as plain aten quantization (fusible with producers)
     and one FP8 grouped GEMM: `aten._scaled_grouped_mm` (which max-autotune can tune) for large
-    token groups, our Triton one below TRITON_GEMM_MAX_TOKENS_PER_GROUP tokens per group (forward
-    and input gradient only)."""
+    token groups, our Triton one below `registry.TRITON_MAX_TOKENS_PER_GROUP` tokens per group."""
     from torch._inductor.decomposition import select_decomp_table
     from torch.fx.experimental.proxy_tensor import make_fx
 
     gm.register_decompositions()
 
-    monkeypatch.setattr(rw_lowering, "has_fp8_grouped_mm", lambda device: True)
+    monkeypatch.setattr(registry, "has_fp8_grouped_mm", lambda device: True)
     with FakeTensorMode() as mode:
         a = torch.empty(4 * tokens_per_group, 128, dtype=torch.bfloat16, device="cuda")
         w = torch.empty(4, 96, 128, dtype=torch.bfloat16, device="cuda")
@@ -329,9 +330,8 @@ def test_rowwise_forward_decomposes_to_fusible_ops_and_a_visible_fp8_gemm(monkey
     assert [t for t in cached if t.startswith("mxfp8.") or "grouped_mm" in t] == [
         "mxfp8.rowwise_cached_weight_gemm.default"]
     assert cached.count("aten.amax.default") == 1
-    # the weight gradient (2d-2d): torch's FP8 kernel for large groups, its bf16 one on the
-    # FP8-rounded operands (rounded by fusible aten ops after our group amax) for small ones
-    # (on the meta device: a CPU-only torch cannot run the row gather's fake kernel for CUDA)
+    # the weight gradient (2d-2d): its operands transposed and padded per group by our quantizer,
+    # into the same GEMM choice (on the meta device: a CPU-only torch cannot run the row gather's fake kernel for CUDA)
     with mode:
         a, offs = a.to("meta"), offs.to("meta")
         grad = torch.empty(4 * tokens_per_group, 96, dtype=torch.bfloat16, device="meta")
@@ -339,26 +339,7 @@ def test_rowwise_forward_decomposes_to_fusible_ops_and_a_visible_fp8_gemm(monkey
                         decomposition_table=select_decomp_table())(grad, a, offs).graph
     wgrad_ops = [str(n.target) for n in wgrad.nodes if n.op == "call_function" and str(n.target).startswith("mxfp8.")
                  or "grouped_mm" in str(n.target)]
-    small = tokens_per_group < rw_lowering.BF16_WGRAD_MAX_TOKENS_PER_GROUP
-    assert wgrad_ops == (["mxfp8.group_amax.default"] * 2 + ["aten._grouped_mm.default"] if small else
-                         ["mxfp8.quantize_groups_rowwise.default"] * 2 + ["aten._scaled_grouped_mm.default"])
-
-
-@pytest.mark.parametrize("sizes", [[40, 0, 64, 17], [130]])
-def test_rowwise_small_group_weight_grad_is_the_fp8_one_in_bf16(monkeypatch, sizes):
-    """The small-group weight gradient (FP8-rounded operands, bf16 GEMM) equals the FP8 one (its
-    emulation: padded, transposed float8 operands) bit for bit, empty groups giving zeros."""
-    g = torch.Generator().manual_seed(sum(sizes))
-    offs = make_offs(sizes)
-    M = sum(sizes) + 5  # rows past offs[-1] are ignored
-    a = torch.randn(M, 64, generator=g).bfloat16()
-    grad = (torch.randn(M, 32, generator=g) * 1e3).bfloat16()
-    a[M - 1] = float("nan")
-    want = rw_lowering.wgrad(grad, a, offs, "rceil", False)
-    monkeypatch.setattr(rw_lowering, "has_fp8_grouped_mm", lambda device: True)
-    got = rw_lowering.wgrad(grad, a, offs, "rceil", False)
-    assert_bitwise_equal(got, want)
-    assert all(torch.all(got[e] == 0) for e, n in enumerate(sizes) if n == 0)
+    assert wgrad_ops == ["mxfp8.quantize_groups_rowwise.default"] * 2 + [gemm]
 
 
 @pytest.mark.parametrize(
@@ -372,15 +353,21 @@ def test_gemm_path_by_capability(monkeypatch, capability, K, N, path, fused):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     monkeypatch.setattr(mx_lowering, "FUSED", fused)
     path = "fused" if fused else path
-    assert mx_lowering.gemm_path(torch.device("cuda"), K, N) == path
-    assert mx_lowering.gemm_path(torch.device("cpu"), K, N) == "reference"
+    for role in ROLES:
+        assert mx_lowering.gemm_path(torch.device("cuda"), role, K, N) == Route(f"mxfp8 {path}")
+        assert mx_lowering.gemm_path(torch.device("cpu"), role, K, N) == Route.MXFP8_REFERENCE
 
 
 @pytest.mark.parametrize("capability, fp8", [((9, 0), True), ((8, 9), False), ((10, 0), False), ((10, 3), False)])
 def test_rowwise_fp8_gemm_only_where_verified(monkeypatch, capability, fp8):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
-    assert rw_lowering.has_fp8_grouped_mm(torch.device("cuda")) == fp8
-    assert not rw_lowering.has_fp8_grouped_mm(torch.device("cpu"))
+    assert registry.has_fp8_grouped_mm(torch.device("cuda")) == fp8
+    assert not registry.has_fp8_grouped_mm(torch.device("cpu"))
+    for role in ROLES:
+        for tokens, route in ((64, Route.ROWWISE_TRITON), (4096, Route.ROWWISE_TORCH), (None, Route.ROWWISE_TORCH)):
+            got = registry.route("fp8_rowwise", role, torch.device("cuda"), 256, 256, tokens)
+            assert got == (route if fp8 else Route.ROWWISE_EMULATED)
+        assert registry.route("fp8_rowwise", role, torch.device("cpu"), 256, 256, 64) == Route.ROWWISE_EMULATED
 
 
 # --------------------------------------------------------------------------------------------
@@ -433,10 +420,8 @@ def test_zero_tokens_give_empty_outputs_and_zero_weight_gradients(recipe):
 
 @pytest.mark.parametrize("capability", [(9, 4), (10, 0)])
 def test_rocm_runs_no_native_or_fp8_grouped_gemm_whatever_capability_it_reports(monkeypatch, capability):
-    from mxfp8_inductor import devices
-
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     monkeypatch.setattr(torch.version, "hip", "6.4")
     cuda = torch.device("cuda")
-    assert not devices.has_mxfp8_mma(cuda) and not devices.has_fp8_grouped_mm(cuda)
-    assert mx_lowering.gemm_path(cuda, 256, 256) == "emulated"
+    assert not registry.has_mxfp8_mma(cuda) and not registry.has_fp8_grouped_mm(cuda)
+    assert mx_lowering.gemm_path(cuda, "forward", 256, 256) == Route.MXFP8_EMULATED

@@ -1,0 +1,79 @@
+"""Which implementation runs each GEMM: the one home of the compute-capability checks and of the
+routes from (numerics, GEMM role, device, shape) to a kernel (docs/design.md, "Lowering and
+dispatch"). A leaf: it imports nothing from the package.
+
+The recipes' lowerings (`lowering/mxfp8.py`, `lowering/rowwise.py`) ask `route` which
+implementation to build; `recipe="auto"` (`lowering/auto.py`) asks the capability checks which
+GPUs its H200 calibration applies to.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+
+ROLES = ("forward", "input-grad", "weight-grad")
+
+
+class Route(str, enum.Enum):
+    """An implementation of one GEMM in one recipe's numerics."""
+
+    MXFP8_NATIVE = "mxfp8 native"  # float8 + blocked e8m0 scales into torch._scaled_grouped_mm
+    MXFP8_FUSED = "mxfp8 fused"  # our Triton GEMMs that round their bf16 operands as they load them
+    MXFP8_EMULATED = "mxfp8 emulated"  # Triton quantize-dequantize into the bf16 GEMM
+    MXFP8_REFERENCE = "mxfp8 reference"  # the pure-torch quantize-dequantize into the bf16 GEMM
+    ROWWISE_TORCH = "fp8_rowwise torch"  # torch's FP8 GEMMs (`_scaled_grouped_mm`, `_scaled_mm`)
+    ROWWISE_TRITON = "fp8_rowwise triton"  # our Triton FP8 grouped GEMM (kernels/triton_fp8_gemm.py)
+    ROWWISE_EMULATED = "fp8_rowwise emulated"  # dequantized float8 operands into the bf16 GEMM
+
+
+# Tokens per group below which our Triton FP8 grouped GEMM takes an fp8_rowwise GEMM from torch's
+# (CUTLASS) one on compute capability 9.x, per role: torch's tiles are sized for large groups
+# (docs/performance.md, "FP8 grouped GEMM rates").
+TRITON_MAX_TOKENS_PER_GROUP = {"forward": 1024, "input-grad": 1024, "weight-grad": 1024}
+
+
+def _cuda_major(device: torch.device) -> int | None:
+    """The compute capability's major version of an NVIDIA GPU; None elsewhere (CPU, and ROCm,
+    whose gfx9 parts report 9.x but run none of these kernels)."""
+    if device.type != "cuda" or torch.version.hip is not None:
+        return None
+    return torch.cuda.get_device_capability(device)[0]
+
+
+def has_mxfp8_mma(device: torch.device) -> bool:
+    """Compute capability 10.x: the MXFP8 MMA and torch's MXFP8 grouped GEMM. Calling that GEMM
+    elsewhere (9.x) corrupts the CUDA context, so every native path is gated here, never tried."""
+    return _cuda_major(device) == 10
+
+
+def has_fp8_grouped_mm(device: torch.device) -> bool:
+    """Whether torch's rowwise FP8 grouped GEMM, and our Triton one (TMA, FP8 wgmma), are known to
+    run here: compute capability 9.x. torch's CUTLASS kernel is built for sm_90 only in some torch
+    builds and traps on sm_103 in others (pytorch/pytorch#188063), so Blackwell takes the
+    emulation (MXFP8 is its native recipe)."""
+    return _cuda_major(device) == 9
+
+
+def route(numerics: str, role: str, device: torch.device, K: int, N: int, tokens_per_group: float | None,
+          fused: bool = False) -> Route:
+    """The implementation of one GEMM: `numerics` "mxfp8" or "fp8_rowwise", `role` one of ROLES,
+    contraction K and output width N, `tokens_per_group` the mean group size of a grouped GEMM
+    (None: a dense one); `fused` opts mxfp8 into the fused GEMMs on CUDA GPUs."""
+    if numerics == "mxfp8":
+        if device.type != "cuda":
+            return Route.MXFP8_REFERENCE
+        if fused:
+            return Route.MXFP8_FUSED
+        # the native scale layouts are verified only where K/32 and N/32 fill whole 4-column tiles
+        if has_mxfp8_mma(device) and K % 128 == 0 and N % 128 == 0:
+            return Route.MXFP8_NATIVE
+        return Route.MXFP8_EMULATED
+    if numerics != "fp8_rowwise":
+        raise ValueError(f"no GEMM routes for numerics {numerics!r}")
+    if not has_fp8_grouped_mm(device):
+        return Route.ROWWISE_EMULATED
+    if tokens_per_group is not None and tokens_per_group < TRITON_MAX_TOKENS_PER_GROUP[role]:
+        return Route.ROWWISE_TRITON
+    return Route.ROWWISE_TORCH
