@@ -12,7 +12,7 @@ this order and then timed side by side as `bench_moe_block.interleaved` does:
   fp8_autotune   backend=mxfp8_backend, recipe fp8_rowwise, same patches, compiled with the
                  "template route": the forward and input-gradient GEMMs emitted as
                  `aten._scaled_grouped_mm` at every group size instead of our opaque Triton GEMM
-                 (`lowering/rowwise.py::_gemm` with TRITON_GEMM_MAX_TOKENS_PER_GROUP 0 while
+                 (`registry.TRITON_MAX_TOKENS_PER_GROUP` 0 for the forward and input gradient while
                  Inductor decomposes the block), so that max-autotune sees and tunes them
   fp8_default    backend=mxfp8_backend, recipe fp8_rowwise, no patches
   bf16_default   torch.compile, no patches
@@ -42,9 +42,8 @@ import triton
 from bench_moe_block import fwd_bwd, interleaved
 from shapes import SHAPES, TOKENS, block_and_inputs, require_gpu
 
-from mxfp8_inductor import mxfp8_backend  # also where the package is on PYTHONPATH, not installed
+from mxfp8_inductor import mxfp8_backend, registry  # also where the package is on PYTHONPATH, not installed
 from mxfp8_inductor.check import sqnr
-from mxfp8_inductor.lowering import rowwise
 
 # Inductor config patches of the autotuned variants: GEMM templates against ATen (no CUTLASS or
 # CK), no CUDA graphs (the default variants have none either)
@@ -60,12 +59,14 @@ def log(msg: str) -> None:
 def template_route(on: bool):
     """While on, fp8_rowwise's 2d-3d GEMMs decompose to `aten._scaled_grouped_mm` at any group size
     (the decomposition runs during the first forward, which traces the backward too)."""
-    saved = rowwise.TRITON_GEMM_MAX_TOKENS_PER_GROUP
-    rowwise.TRITON_GEMM_MAX_TOKENS_PER_GROUP = 0 if on else saved
+    limits = registry.TRITON_MAX_TOKENS_PER_GROUP
+    saved = dict(limits)
+    if on:
+        limits.update({"forward": 0, "input-grad": 0})
     try:
         yield
     finally:
-        rowwise.TRITON_GEMM_MAX_TOKENS_PER_GROUP = saved
+        limits.update(saved)
 
 
 def compiled(name: str, mod: torch.nn.Module):
