@@ -41,7 +41,6 @@ GPU_CONFIGS = [
     triton.Config({"BM": 256, "BN": 128, "BK": 128, "FLATTEN": False}, num_warps=8, num_stages=3),
     triton.Config({"BM": 256, "BN": 128, "BK": 128, "FLATTEN": True}, num_warps=8, num_stages=3),
     triton.Config({"BM": 128, "BN": 256, "BK": 128, "FLATTEN": False}, num_warps=8, num_stages=3),
-    triton.Config({"BM": 128, "BN": 128, "BK": 128, "FLATTEN": True}, num_warps=8, num_stages=4),
 ]
 # the interpreter: small tiles keep CPU tests fast
 INTERPRETER_CONFIG = {"BM": 32, "BN": 32, "BK": 32, "FLATTEN": False}
@@ -53,15 +52,17 @@ def _mma(acc, a, b, HW_CVT: tl.constexpr, BK: tl.constexpr):
     if HW_CVT:
         # Hopper's FP8 MMA sums into a reduced-precision accumulator; folding each BK step into
         # the fp32 one matches torch's kernel's accuracy, at a cost in speed
-        return tl.dot(a, tl.trans(b), acc, out_dtype=tl.float32, max_num_imprecise_acc=BK)
-    return tl.dot(tc.e4m3_decode(a, False), tl.trans(tc.e4m3_decode(b, False)), acc, input_precision="ieee")
+        acc = tl.dot(a, tl.trans(b), acc, out_dtype=tl.float32, max_num_imprecise_acc=BK)
+    else:
+        acc = tl.dot(tc.e4m3_decode(a, False), tl.trans(tc.e4m3_decode(b, False)), acc, input_precision="ieee")
+    return acc
 
 
 @triton.jit
 def _gemm_2d3d_kernel(
     a_ptr, s_am, b_ptr, s_be, s_bn, sa_ptr, sb_ptr, out_ptr, offs_ptr, M, N, K, programs,
     E: tl.constexpr, EP: tl.constexpr, HW_CVT: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FLATTEN: tl.constexpr, TMA_STORE: tl.constexpr = False,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FLATTEN: tl.constexpr,
 ):
     """A persistent kernel: `programs` programs take the output tiles in turn. Tile t is row tile
     t // n_tiles, counted group after group (a group spans cdiv(size, BM) tiles), and column tile
@@ -90,12 +91,8 @@ def _gemm_2d3d_kernel(
         n_ok = n < N
         sa = tl.load(sa_ptr + m, mask=m_ok, other=0.0)
         sb = tl.load(sb_ptr + e * N + n, mask=n_ok, other=0.0)
-        if TMA_STORE:
-            o_desc = tl.make_tensor_descriptor(out_ptr, [end, N], [N, 1], [BM, BN])
-            o_desc.store([m0, n0], (acc * sa[:, None] * sb[None, :]).to(tl.bfloat16).to(tl.int16, bitcast=True))
-        else:
-            out = out_ptr + m.to(tl.int64)[:, None] * N + n[None, :]
-            tc.store_f32(out, acc * sa[:, None] * sb[None, :], m_ok[:, None] & n_ok[None, :], True, HW_CVT)
+        out = out_ptr + m.to(tl.int64)[:, None] * N + n[None, :]
+        tc.store_f32(out, acc * sa[:, None] * sb[None, :], m_ok[:, None] & n_ok[None, :], True, HW_CVT)
 
 
 _gemm_2d3d_tuned = triton.autotune(GPU_CONFIGS, key=["N", "K"])(_gemm_2d3d_kernel)

@@ -59,7 +59,7 @@ group_amax_op = define(
 
 
 def _fp8_grouped_mm(a, b, scale_a, scale_b, offs):
-    """Our Triton rowwise FP8 grouped GEMM (`kernels/triton_fp8_gemm.py`, 2d-3d), bf16 out."""
+    """Our Triton rowwise FP8 grouped GEMM (`kernels/triton_fp8_gemm.py`, 2d-3d or 2d-2d), bf16 out."""
     from ..kernels import triton_fp8_gemm
 
     return triton_fp8_gemm.scaled_grouped_mm(a, b, scale_a, scale_b, offs)
@@ -67,7 +67,9 @@ def _fp8_grouped_mm(a, b, scale_a, scale_b, offs):
 
 fp8_grouped_mm_op = define(
     "fp8_grouped_mm", "(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor offs) -> Tensor",
-    _fp8_grouped_mm, lambda a, b, scale_a, scale_b, offs: a.new_empty(a.shape[0], b.shape[-1], dtype=OUT_DTYPE),
+    _fp8_grouped_mm, lambda a, b, scale_a, scale_b, offs: (
+        a.new_empty(a.shape[0], b.shape[-1], dtype=OUT_DTYPE) if b.dim() == 3 else
+        a.new_empty(offs.shape[0], a.shape[0], b.shape[1], dtype=OUT_DTYPE)),
 )
 
 

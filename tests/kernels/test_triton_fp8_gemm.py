@@ -178,11 +178,11 @@ def test_2d2d_equals_torch_scaled_grouped_mm_on_gpu():
 
 
 def test_opcheck_of_the_custom_op():
-    """`mxfp8::fp8_grouped_mm`, the op the rowwise decomposition emits for small token groups:
-    schema, fake shapes and dispatch agree with the kernel (no rows past offs[-1]: those are
+    """`mxfp8::fp8_grouped_mm`, the op the rowwise decomposition emits for small token groups, in
+    both layouts: schema, fake shapes and dispatch agree with the kernel (no rows past offs[-1]: those are
     unspecified). Not test_schema: its checker multiplies the inputs, which float8 does not on CPU."""
     from mxfp8_inductor.lowering import rowwise as rw_lowering
 
     utils = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
-    operands = _forward_operands([40, 0, 17, 64], 64, 32, tail=0)
-    torch.library.opcheck(rw_lowering.fp8_grouped_mm_op, operands, test_utils=utils)
+    for operands in (_forward_operands([40, 0, 17, 64], 64, 32, tail=0), _wgrad_operands([40, 0, 17, 64], 48, 32)):
+        torch.library.opcheck(rw_lowering.fp8_grouped_mm_op, operands, test_utils=utils)
