@@ -10,9 +10,9 @@ One process per shape; four variants of the same block (`shapes.block_and_inputs
 this order and then timed side by side as `bench_moe_block.interleaved` does:
   bf16_autotune  torch.compile with the max-autotune patches (PATCHES)
   fp8_autotune   backend=mxfp8_backend, recipe fp8_rowwise, same patches, compiled with the
-                 "template route": the forward and input-gradient GEMMs emitted as
+                 "template route": the grouped GEMMs emitted as
                  `aten._scaled_grouped_mm` at every group size instead of our opaque Triton GEMM
-                 (`registry.TRITON_MAX_TOKENS_PER_GROUP` 0 for the forward and input gradient while
+                 (`registry.TORCH_FP8_MIN_TOKENS_PER_GROUP` and `TORCH_FP8_MIN_DIM` 0 while
                  Inductor decomposes the block), so that max-autotune sees and tunes them
   fp8_default    backend=mxfp8_backend, recipe fp8_rowwise, no patches
   bf16_default   torch.compile, no patches
@@ -59,14 +59,13 @@ def log(msg: str) -> None:
 def template_route(on: bool):
     """While on, fp8_rowwise's 2d-3d GEMMs decompose to `aten._scaled_grouped_mm` at any group size
     (the decomposition runs during the first forward, which traces the backward too)."""
-    limits = registry.TRITON_MAX_TOKENS_PER_GROUP
-    saved = dict(limits)
+    saved = registry.TORCH_FP8_MIN_TOKENS_PER_GROUP, registry.TORCH_FP8_MIN_DIM
     if on:
-        limits.update({"forward": 0, "input-grad": 0})
+        registry.TORCH_FP8_MIN_TOKENS_PER_GROUP = registry.TORCH_FP8_MIN_DIM = 0
     try:
         yield
     finally:
-        limits.update(saved)
+        registry.TORCH_FP8_MIN_TOKENS_PER_GROUP, registry.TORCH_FP8_MIN_DIM = saved
 
 
 def compiled(name: str, mod: torch.nn.Module):

@@ -28,10 +28,12 @@ class Route(str, enum.Enum):
     ROWWISE_EMULATED = "fp8_rowwise emulated"  # dequantized float8 operands into the bf16 GEMM
 
 
-# Tokens per group below which our Triton FP8 grouped GEMM takes an fp8_rowwise GEMM from torch's
-# (CUTLASS) one on compute capability 9.x, per role: torch's tiles are sized for large groups
-# (docs/performance.md, "FP8 grouped GEMM rates").
-TRITON_MAX_TOKENS_PER_GROUP = {"forward": 1024, "input-grad": 1024, "weight-grad": 1024}
+# Where torch's FP8 grouped GEMM (CUTLASS) takes an fp8_rowwise GEMM from ours on compute
+# capability 9.x: groups of at least this many tokens on average, with K and N both at least
+# TORCH_FP8_MIN_DIM. Its tiles are sized for large GEMMs: below either bound it runs at 0.4-0.6x
+# of ours, above both within about 10% either way (docs/performance.md, "FP8 grouped GEMM rates").
+TORCH_FP8_MIN_TOKENS_PER_GROUP = 2048
+TORCH_FP8_MIN_DIM = 2048
 
 
 def _cuda_major(device: torch.device) -> int | None:
@@ -74,6 +76,8 @@ def route(numerics: str, role: str, device: torch.device, K: int, N: int, tokens
         raise ValueError(f"no GEMM routes for numerics {numerics!r}")
     if not has_fp8_grouped_mm(device):
         return Route.ROWWISE_EMULATED
-    if tokens_per_group is not None and tokens_per_group < TRITON_MAX_TOKENS_PER_GROUP[role]:
-        return Route.ROWWISE_TRITON
-    return Route.ROWWISE_TORCH
+    if tokens_per_group is None:  # a dense GEMM: torch's `_scaled_mm`
+        return Route.ROWWISE_TORCH
+    if tokens_per_group >= TORCH_FP8_MIN_TOKENS_PER_GROUP and min(K, N) >= TORCH_FP8_MIN_DIM:
+        return Route.ROWWISE_TORCH
+    return Route.ROWWISE_TRITON

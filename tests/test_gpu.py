@@ -172,7 +172,7 @@ def test_compile_fullgraph_on_gpu(recipe):
 def test_rowwise_fp8_gemms_match_their_emulation(monkeypatch, shape):
     """The FP8 grouped GEMMs (forward 2d-3d, input grad, weight grad 2d-2d on padded groups)
     compute what the CPU emulation computes, up to fp32 accumulation order: ours at fine64's ~512
-    tokens per group, torch's at dsv3's ~4096 (`registry.TRITON_MAX_TOKENS_PER_GROUP`)."""
+    tokens per group, torch's at dsv3's ~4096 (`registry.route`)."""
     E, D, F = SHAPES[shape]
     torch.manual_seed(4)
     offs = uneven_offs(E, TOKENS)

@@ -302,12 +302,13 @@ def _rowwise_forward(a, w_ENK, offs, cache):
     return gm.grouped_mm_op(a, w_ENK.transpose(-2, -1), offs, *["fp8_rowwise"] * 3, "rceil", w_ENK if cache else None)
 
 
-@pytest.mark.parametrize("tokens_per_group, gemm", [(64, "mxfp8.fp8_grouped_mm.default"),
-                                                     (2048, "aten._scaled_grouped_mm.default")])
-def test_rowwise_forward_decomposes_to_fusible_ops_and_a_visible_fp8_gemm(monkeypatch, tokens_per_group, gemm):
+@pytest.mark.parametrize("tokens_per_group, K, N, gemm", [(64, 128, 96, "mxfp8.fp8_grouped_mm.default"),
+                                                           (2048, 128, 96, "mxfp8.fp8_grouped_mm.default"),
+                                                           (2048, 2048, 2048, "aten._scaled_grouped_mm.default")])
+def test_rowwise_forward_decomposes_to_fusible_ops_and_a_visible_fp8_gemm(monkeypatch, tokens_per_group, K, N, gemm):
     """On Hopper, Inductor sees fp8_rowwise as plain aten quantization (fusible with producers)
     and one FP8 grouped GEMM: `aten._scaled_grouped_mm` (which max-autotune can tune) for large
-    token groups, our Triton one below `registry.TRITON_MAX_TOKENS_PER_GROUP` tokens per group."""
+    token groups of large GEMMs, our Triton one elsewhere (`registry.route`)."""
     from torch._inductor.decomposition import select_decomp_table
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -315,8 +316,8 @@ def test_rowwise_forward_decomposes_to_fusible_ops_and_a_visible_fp8_gemm(monkey
 
     monkeypatch.setattr(registry, "has_fp8_grouped_mm", lambda device: True)
     with FakeTensorMode() as mode:
-        a = torch.empty(4 * tokens_per_group, 128, dtype=torch.bfloat16, device="cuda")
-        w = torch.empty(4, 96, 128, dtype=torch.bfloat16, device="cuda")
+        a = torch.empty(4 * tokens_per_group, K, dtype=torch.bfloat16, device="cuda")
+        w = torch.empty(4, N, K, dtype=torch.bfloat16, device="cuda")
         offs = torch.empty(4, dtype=torch.int32, device="cuda")
         graphs = [make_fx(functools.partial(_rowwise_forward, cache=cache),
                           decomposition_table=select_decomp_table())(a, w, offs).graph
@@ -334,7 +335,7 @@ def test_rowwise_forward_decomposes_to_fusible_ops_and_a_visible_fp8_gemm(monkey
     # into the same GEMM choice (on the meta device: a CPU-only torch cannot run the row gather's fake kernel for CUDA)
     with mode:
         a, offs = a.to("meta"), offs.to("meta")
-        grad = torch.empty(4 * tokens_per_group, 96, dtype=torch.bfloat16, device="meta")
+        grad = torch.empty(4 * tokens_per_group, N, dtype=torch.bfloat16, device="meta")
         wgrad = make_fx(lambda g, a, o: gm.grouped_mm_wgrad_op(g, a, o, "fp8_rowwise", "rceil"),
                         decomposition_table=select_decomp_table())(grad, a, offs).graph
     wgrad_ops = [str(n.target) for n in wgrad.nodes if n.op == "call_function" and str(n.target).startswith("mxfp8.")
@@ -364,8 +365,10 @@ def test_rowwise_fp8_gemm_only_where_verified(monkeypatch, capability, fp8):
     assert registry.has_fp8_grouped_mm(torch.device("cuda")) == fp8
     assert not registry.has_fp8_grouped_mm(torch.device("cpu"))
     for role in ROLES:
-        for tokens, route in ((64, Route.ROWWISE_TRITON), (4096, Route.ROWWISE_TORCH), (None, Route.ROWWISE_TORCH)):
-            got = registry.route("fp8_rowwise", role, torch.device("cuda"), 256, 256, tokens)
+        for tokens, K, N, route in ((64, 4096, 4096, Route.ROWWISE_TRITON), (4096, 4096, 4096, Route.ROWWISE_TORCH),
+                                    (4096, 1024, 4096, Route.ROWWISE_TRITON), (4096, 4096, 768, Route.ROWWISE_TRITON),
+                                    (None, 256, 256, Route.ROWWISE_TORCH)):
+            got = registry.route("fp8_rowwise", role, torch.device("cuda"), K, N, tokens)
             assert got == (route if fp8 else Route.ROWWISE_EMULATED)
         assert registry.route("fp8_rowwise", role, torch.device("cpu"), 256, 256, 64) == Route.ROWWISE_EMULATED
 
