@@ -77,7 +77,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              'if rounding == "floor":',
              (REFERENCE,)),
     Mutation("wgrad_transpose_dropped", "lowering/ops.py",
-             "db = (db.transpose(-2, -1) if b.stride(-2) == 1 else db).to(b.dtype)",
+             "db = (db.transpose(-2, -1) if swap else db).to(b.dtype)",
              "db = db.to(b.dtype)",
              (CONTRACT, "-k", "grouped_mm_matches_contract and E4-mxfp8-rceil-quantized")),
     Mutation("group_end_clamp_dropped", "kernels/reference.py",
@@ -85,10 +85,8 @@ MUTATIONS: tuple[Mutation, ...] = (
              "torch.cummax(offs, 0)",
              ("tests/kernels/test_bad_offs.py", "-k", "group_ends")),
     Mutation("backward_forced_bf16", "lowering/ops.py",
-             "ctx.save_for_backward(a, b, offs, param)\n"
-             "    ctx.dgrad, ctx.wgrad, ctx.rounding = dgrad, wgrad, rounding",
-             "ctx.save_for_backward(a, b, offs, param)\n"
-             '    ctx.dgrad, ctx.wgrad, ctx.rounding = "bf16", "bf16", rounding',
+             "ctx.dgrad, ctx.wgrad, ctx.rounding, ctx.shared_weight = dgrad, wgrad, rounding, shared_weight",
+             'ctx.dgrad, ctx.wgrad, ctx.rounding, ctx.shared_weight = "bf16", "bf16", rounding, shared_weight',
              (CONTRACT, "-k", "grouped_mm_matches_contract and E4-mxfp8-rceil-quantized")),
     # ---- scale layouts and group offsets
     Mutation("blocked_tile_rows_transposed", "kernels/reference.py",
@@ -119,6 +117,10 @@ MUTATIONS: tuple[Mutation, ...] = (
              "torch.arange(n, device=ends.device, dtype=ends.dtype), right=True)",
              "torch.arange(n, device=ends.device, dtype=ends.dtype), right=False)",
              (ROWWISE, "-k", "group_amax_ignores or group_quantization_layout")),
+    Mutation("fp8_gemm_2d2d_reads_past_group_end", "kernels/triton_fp8_gemm.py",
+             "a_desc = tl.make_tensor_descriptor(a_ptr, [K, end], [s_ak, 1], [BM, BK])",
+             "a_desc = tl.make_tensor_descriptor(a_ptr, [K, T], [s_ak, 1], [BM, BK])",
+             ("tests/kernels/test_triton_fp8_gemm.py", "-k", "2d2d")),
     # ---- scale rules, saturation, the exponent cap, subnormal blocks
     Mutation("rowwise_scale_twice_the_max", "kernels/rowwise.py",
              "else ax.amax(dim, keepdim=True)",

@@ -102,19 +102,6 @@ def quantize_groups(
     return data_MpK.t().contiguous(), exponent_to_float(biased_GK), padded_ends
 
 
-def quantize_dequantize_groups(
-    x_MK: torch.Tensor, offs: torch.Tensor, amax_GK: torch.Tensor, rounding: str = "rceil"
-) -> torch.Tensor:
-    """x_MK rounded to the values of its weight-gradient operand (`quantize_groups`, scales from
-    `group_amax` passed in), as bf16 in x's layout: float8 times a power of two, which bf16
-    holds exactly, so a bf16 GEMM of such operands computes what the FP8 one does (fp32
-    accumulation either way). Rows past offs[-1] take the last group's scales."""
-    G = offs.numel()
-    biased_MK = scale_exponent(amax_GK, rounding).index_select(0, _group_ids(offs, x_MK.shape[0]).clamp(max=G - 1))
-    q_MK = _cast(x_MK.float(), biased_MK)
-    return (q_MK.float() * exponent_to_float(biased_MK)).to(torch.bfloat16)
-
-
 def scaled_grouped_mm(
     a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, offs: torch.Tensor
 ) -> torch.Tensor:

@@ -47,17 +47,6 @@ quantize_groups_rowwise_op = define(
 )
 
 
-def _group_amax(x, offs):
-    """Per token group and column max |x| (`rowwise.group_amax`), in one read of x on GPUs."""
-    return quantizers(x.device).group_amax(x, offs)
-
-
-group_amax_op = define(
-    "group_amax", "(Tensor x, Tensor offs) -> Tensor", _group_amax,
-    lambda x, offs: x.new_empty(offs.shape[0], x.shape[1], dtype=torch.float32),
-)
-
-
 def _fp8_grouped_mm(a, b, scale_a, scale_b, offs):
     """Our Triton rowwise FP8 grouped GEMM (`kernels/triton_fp8_gemm.py`, 2d-3d or 2d-2d), bf16 out."""
     from ..kernels import triton_fp8_gemm

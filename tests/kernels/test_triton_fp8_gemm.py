@@ -53,13 +53,15 @@ def test_2d3d_matches_emulation(case):
     _assert_close_to_emulation(out[:end], rowwise.scaled_grouped_mm(*args)[:end])
 
 
-def _wgrad_operands(sizes, K, N, seed=0, device=DEVICE):
+def _wgrad_operands(sizes, K, N, seed=0, device=DEVICE, nan_rows=()):
     """As `lowering.rowwise.wgrad`: a [K, T] and b [T, N] (a transposed view of [N, T]), the
-    tokens of each group padded with zeros to a multiple of 16, scales per group and column."""
+    tokens of each group padded with zeros to a multiple of 16, scales per group and column;
+    the tokens of `nan_rows` NaN in both operands."""
     g = torch.Generator().manual_seed(seed)
     offs = make_offs(sizes, device)
     x_MK = _tokens(int(offs[-1]), K, g).to(device)
     grad_MN = _tokens(int(offs[-1]), N, g).to(device)
+    x_MK[list(nan_rows)] = grad_MN[list(nan_rows)] = float("nan")
     a_KT, sa_GK, padded = rowwise.quantize_groups(x_MK, offs)
     g_NT, sg_GN, _ = rowwise.quantize_groups(grad_MN, offs)
     return a_KT.contiguous(), g_NT.contiguous().t(), sa_GK.reshape(-1), sg_GN.reshape(-1), padded
@@ -84,6 +86,17 @@ def test_2d2d_matches_emulation(case):
     empty = torch.tensor(sizes) == 0
     assert torch.all(out[empty] == 0)
     _assert_close_to_emulation(out[~empty], want[~empty])
+
+
+def test_2d2d_nan_stays_in_its_group():
+    """A group's contraction ends at its own last token: NaN tokens of the next group (which a
+    tile's last step would reach, both operands read past the end) leave it finite."""
+    sizes = [40, 24, 17]
+    args = _wgrad_operands(sizes, 48, 40, nan_rows=range(40, 64))
+    out = triton_fp8_gemm.scaled_grouped_mm(*args)
+    assert torch.isnan(out[1]).all() and torch.isfinite(out[[0, 2]]).all()
+    want = rowwise.scaled_grouped_mm(*args)
+    _assert_close_to_emulation(out[[0, 2]], want[[0, 2]])
 
 
 def test_second_call_with_other_values_and_group_ends_uses_its_own_tensors():
