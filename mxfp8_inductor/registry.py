@@ -1,5 +1,5 @@
 """Which implementation runs each GEMM: the one home of the compute-capability checks and of the
-routes from (numerics, GEMM role, device, shape) to a kernel (docs/design.md, "Lowering and
+routes from (numerics, device, shape) to a kernel (docs/design.md, "Lowering and
 dispatch"). A leaf: it imports nothing from the package.
 
 The recipes' lowerings (`lowering/mxfp8.py`, `lowering/rowwise.py`) ask `route` which
@@ -12,8 +12,6 @@ from __future__ import annotations
 import enum
 
 import torch
-
-ROLES = ("forward", "input-grad", "weight-grad")
 
 
 class Route(str, enum.Enum):
@@ -58,11 +56,11 @@ def has_fp8_grouped_mm(device: torch.device) -> bool:
     return _cuda_major(device) == 9
 
 
-def route(numerics: str, role: str, device: torch.device, K: int, N: int, tokens_per_group: float | None,
+def route(numerics: str, device: torch.device, K: int, N: int, tokens_per_group: float | None = None,
           fused: bool = False) -> Route:
-    """The implementation of one GEMM: `numerics` "mxfp8" or "fp8_rowwise", `role` one of ROLES,
-    contraction K and output width N, `tokens_per_group` the mean group size of a grouped GEMM
-    (None: a dense one); `fused` opts mxfp8 into the fused GEMMs on CUDA GPUs."""
+    """The implementation of one GEMM (any role: each passes its own contraction K and output
+    width N): `numerics` "mxfp8" or "fp8_rowwise", `tokens_per_group` the mean group size of a
+    grouped GEMM (None: a dense one); `fused` opts mxfp8 into the fused GEMMs on CUDA GPUs."""
     if numerics == "mxfp8":
         if device.type != "cuda":
             return Route.MXFP8_REFERENCE

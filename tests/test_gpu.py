@@ -91,7 +91,7 @@ def test_moe_quantizers_bit_exact(shape):
 
 def test_h200_takes_the_triton_path():
     assert torch.cuda.get_device_capability()[0] != 10 or pytest.skip("Blackwell: native path")
-    assert mx_lowering.gemm_path(torch.device("cuda"), "forward", 7168, 2048) == Route.MXFP8_EMULATED
+    assert mx_lowering.gemm_path(torch.device("cuda"), 7168, 2048) == Route.MXFP8_EMULATED
 
 
 @functools.cache

@@ -24,6 +24,8 @@ there the kernel gets the bytes, decodes them to fp32 in integer math and multip
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -177,12 +179,12 @@ def scaled_grouped_mm(
     _check(a, b, scale_a, scale_b, offs)
     if b.dim() == 3:
         (M, K), (E, _, N) = a.shape, b.shape
-        want_offs, want_a, want_b, out_shape = E, [M], [E, N], (M, N)
+        want_a, want_b, out_shape = [M], [E, N], (M, N)
+        if offs.numel() != E:
+            raise ValueError(f"offs must hold one group end per expert: {offs.numel()} for {E} experts")
     else:
         (K, T), (_, N), E = a.shape, b.shape, offs.numel()
-        want_offs, want_a, want_b, out_shape = E, [E * K], [E * N], (E, K, N)
-    if offs.numel() != want_offs:
-        raise ValueError(f"offs must hold one group end per expert: {offs.numel()} for {want_offs} experts")
+        want_a, want_b, out_shape = [E * K], [E * N], (E, K, N)
     if list(scale_a.shape) != want_a or list(scale_b.shape) != want_b:
         raise ValueError(
             f"scales must be scale_a {want_a} and scale_b {want_b}, got {list(scale_a.shape)} and {list(scale_b.shape)}"
@@ -196,18 +198,20 @@ def scaled_grouped_mm(
         _ensure_allocator()
     programs = _programs(a.device)
     consts = dict(E=E, EP=tc.pow2(E), HW_CVT=a.is_cuda)
-    scales = (scale_a.contiguous(), scale_b.contiguous(), tc.as_bits(out), offs)
+    shared = (scale_a.contiguous(), scale_b.contiguous(), tc.as_bits(out), offs)  # both kernels' middle arguments
     if b.dim() == 3:
-        args = (a_op, a.stride(0), b_op, b.stride(0), b.stride(2), *scales, M, N, K, programs)
+        args = (a_op, a.stride(0), b_op, b.stride(0), b.stride(2), *shared, M, N, K, programs)
         launch_tuned(_gemm_2d3d_kernel, _gemm_2d3d_tuned, (N, K), (programs,), args, consts, INTERPRETER_CONFIG)
     else:
-        args = (a_op, a.stride(0), b_op, b.stride(1), *scales, T, K, N, programs)
+        args = (a_op, a.stride(0), b_op, b.stride(1), *shared, T, K, N, programs)
         launch_tuned(_gemm_2d2d_kernel, _gemm_2d2d_tuned, (K, N), (programs,), args, consts, INTERPRETER_CONFIG)
     return out
 
 
+@functools.cache
 def _programs(device: torch.device) -> int:
-    """One program per SM (the kernel is persistent); a few in the interpreter."""
+    """One program per SM (the kernel is persistent); a few in the interpreter. Cached: the
+    device's properties are a call per GEMM otherwise."""
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 3
 
 

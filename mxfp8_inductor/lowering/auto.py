@@ -21,7 +21,9 @@ from typing import NamedTuple
 import torch
 
 from ..eligibility import MULTIPLE_OF
-from ..registry import ROLES, has_fp8_grouped_mm, has_mxfp8_mma
+from ..registry import has_fp8_grouped_mm, has_mxfp8_mma
+
+ROLES = ("forward", "input-grad", "weight-grad")
 
 FP8 = ("fp8_rowwise", "mxfp8")
 MARGIN = 0.03

@@ -27,9 +27,9 @@ from .library import OUT_DTYPE, define, like
 FUSED = False
 
 
-def gemm_path(device: torch.device, role: str, K: int, N: int) -> Route:
+def gemm_path(device: torch.device, K: int, N: int) -> Route:
     """Which implementation runs a GEMM with contraction K and output width N (`registry.route`)."""
-    return route("mxfp8", role, device, K, N, None, fused=FUSED)
+    return route("mxfp8", device, K, N, fused=FUSED)
 
 
 # --------------------------------------------------------------------------------------------
@@ -151,7 +151,7 @@ def _weight_gemm(x_MC, b_EKN, offs, rounding, dgrad):
 
 def forward(a_MK, b_EKN, offs, rounding, param, decomposing):
     K, N = b_EKN.shape[-2:]
-    path = gemm_path(a_MK.device, "forward", K, N)
+    path = gemm_path(a_MK.device, K, N)
     if path == Route.MXFP8_NATIVE:
         if decomposing:  # keep the op: its native path is not decomposed
             return NotImplemented
@@ -163,7 +163,7 @@ def forward(a_MK, b_EKN, offs, rounding, param, decomposing):
 
 def dgrad(grad_MN, b_EKN, offs, rounding, param, decomposing):
     K, N = b_EKN.shape[-2:]
-    path = gemm_path(grad_MN.device, "input-grad", N, K)
+    path = gemm_path(grad_MN.device, N, K)
     if path == Route.MXFP8_NATIVE:
         if decomposing:
             return NotImplemented
@@ -176,7 +176,7 @@ def dgrad(grad_MN, b_EKN, offs, rounding, param, decomposing):
 
 def wgrad(grad_MN, a_MK, offs, rounding, decomposing):
     K, N = a_MK.shape[1], grad_MN.shape[1]
-    path = gemm_path(a_MK.device, "weight-grad", K, N)
+    path = gemm_path(a_MK.device, K, N)
     if path == Route.MXFP8_NATIVE:
         if decomposing:
             return NotImplemented
@@ -204,7 +204,7 @@ def _one_group(x_MK: torch.Tensor) -> torch.Tensor:
 
 def dense_forward(x_MK, w_NK, rounding, param, decomposing):
     b_EKN = w_NK.t()[None]
-    if gemm_path(x_MK.device, "forward", *b_EKN.shape[-2:]) == Route.MXFP8_NATIVE:
+    if gemm_path(x_MK.device, *b_EKN.shape[-2:]) == Route.MXFP8_NATIVE:
         return forward(x_MK, b_EKN, _one_group(x_MK), rounding, param, decomposing)
     return _weight_gemm(x_MK, b_EKN, None, rounding, dgrad=False)
 
@@ -212,7 +212,7 @@ def dense_forward(x_MK, w_NK, rounding, param, decomposing):
 def dense_dgrad(grad_MN, w_NK, rounding, param, decomposing):
     b_EKN = w_NK.t()[None]
     K, N = b_EKN.shape[-2:]
-    if gemm_path(grad_MN.device, "input-grad", N, K) == Route.MXFP8_NATIVE:
+    if gemm_path(grad_MN.device, N, K) == Route.MXFP8_NATIVE:
         return dgrad(grad_MN, b_EKN, _one_group(grad_MN), rounding, param, decomposing)
     return _weight_gemm(grad_MN, b_EKN, None, rounding, dgrad=True)
 
@@ -220,7 +220,7 @@ def dense_dgrad(grad_MN, w_NK, rounding, param, decomposing):
 def dense_wgrad(grad_MN, x_MK, rounding, decomposing):
     # blocks along the tokens: one group of all M rows, whose last block may be short
     ends = _one_group(x_MK)
-    if gemm_path(x_MK.device, "weight-grad", grad_MN.shape[1], x_MK.shape[1]) == Route.MXFP8_NATIVE:
+    if gemm_path(x_MK.device, grad_MN.shape[1], x_MK.shape[1]) == Route.MXFP8_NATIVE:
         # the weight gradient is symmetric in its operands: x as the "gradient" gives [1, N, K],
         # the weight's own layout, contiguous as the op's fake promises
         dw_1NK = wgrad(x_MK, grad_MN, ends, rounding, decomposing)

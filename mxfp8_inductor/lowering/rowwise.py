@@ -62,11 +62,11 @@ fp8_grouped_mm_op = define(
 )
 
 
-def _gemm(role, a, b, scale_a, scale_b, offs, tokens_per_group) -> torch.Tensor:
-    """The FP8 grouped GEMM of `role` (2d-3d forward and input gradient, 2d-2d weight gradient)
-    by `registry.route`."""
+def _gemm(a, b, scale_a, scale_b, offs, tokens_per_group) -> torch.Tensor:
+    """The FP8 grouped GEMM (2d-3d forward and input gradient, 2d-2d weight gradient) by
+    `registry.route`."""
     K, N = a.shape[1] if b.dim() == 3 else a.shape[0], b.shape[-1]
-    path = registry.route("fp8_rowwise", role, a.device, K, N, tokens_per_group)
+    path = registry.route("fp8_rowwise", a.device, K, N, tokens_per_group)
     if path == Route.ROWWISE_EMULATED:
         return rowwise.scaled_grouped_mm(a, b, scale_a, scale_b, offs)
     if path == Route.ROWWISE_TRITON:
@@ -83,19 +83,18 @@ def _weight_operand(b_EKN: torch.Tensor, param: torch.Tensor, rounding: str, dgr
     return (data_EKN.transpose(-2, -1), scales_EK) if dgrad else (data_ENK.transpose(-2, -1), scales_EN)
 
 
-def _grouped_or_dense(x_fp8, w_fp8, w_scales, x_scales, offs, dgrad):
+def _grouped_or_dense(x_fp8, w_fp8, w_scales, x_scales, offs):
     """The grouped GEMM, or with offs None the dense one of a one-expert weight operand."""
     if offs is None:
         return _mm(x_fp8, w_fp8[0], x_scales, w_scales[0])
-    role = "input-grad" if dgrad else "forward"
-    return _gemm(role, x_fp8, w_fp8, x_scales, w_scales, offs, x_fp8.shape[0] / max(offs.numel(), 1))
+    return _gemm(x_fp8, w_fp8, x_scales, w_scales, offs, x_fp8.shape[0] / max(offs.numel(), 1))
 
 
 def _cached_weight_gemm(x_fp8, x_scales, b_EKN, param, offs, rounding, dgrad):
     """x_fp8 [M, C] times the FP8 weight operand, reused under `param`'s version counter
     (lowering/weights.py): grouped when offs is given, else dense (b_EKN then [1, K, N], a dense
     weight's transposed view)."""
-    return _grouped_or_dense(x_fp8, *_weight_operand(b_EKN, param, rounding, dgrad), x_scales, offs, dgrad)
+    return _grouped_or_dense(x_fp8, *_weight_operand(b_EKN, param, rounding, dgrad), x_scales, offs)
 
 
 def _cached_weight_gemm_fake(x_fp8, x_scales, b_EKN, param, offs, rounding, dgrad):
@@ -121,7 +120,7 @@ def _weight_gemm(x_MC, b_EKN, offs, rounding, param, dgrad):
     if param is not None:
         return cached_weight_gemm_op(x_fp8, x_scales, b_EKN, param, offs, rounding, dgrad)
     w_fp8, w_scales = rowwise.quantize_rows(b_EKN if dgrad else b_EKN.transpose(-2, -1), -1, rounding)
-    return _grouped_or_dense(x_fp8, w_fp8.contiguous().transpose(-2, -1), w_scales, x_scales, offs, dgrad)
+    return _grouped_or_dense(x_fp8, w_fp8.contiguous().transpose(-2, -1), w_scales, x_scales, offs)
 
 
 # --------------------------------------------------------------------------------------------
@@ -139,7 +138,7 @@ def dgrad(grad_MN, b_EKN, offs, rounding, param, decomposing):
 def wgrad(grad_MN, a_MK, offs, rounding, decomposing):
     a_fp8_KMp, a_scales_GK, padded_offs = quantize_groups_rowwise_op(a_MK, offs, rounding)
     g_fp8_NMp, g_scales_GN, _ = quantize_groups_rowwise_op(grad_MN, offs, rounding)
-    return _gemm("weight-grad", a_fp8_KMp, g_fp8_NMp.t(), a_scales_GK.reshape(-1), g_scales_GN.reshape(-1),
+    return _gemm(a_fp8_KMp, g_fp8_NMp.t(), a_scales_GK.reshape(-1), g_scales_GN.reshape(-1),
                  padded_offs, a_MK.shape[0] / max(offs.numel(), 1))
 
 
@@ -151,7 +150,7 @@ def wgrad(grad_MN, a_MK, offs, rounding, decomposing):
 def _mm(a_MK, b_KN, scale_M, scale_N) -> torch.Tensor:
     """a [M, K] row-major float8 times b [K, N] column-major float8 with one scale per row of a
     and per column of b, bf16 out."""
-    if registry.has_fp8_grouped_mm(a_MK.device):
+    if registry.route("fp8_rowwise", a_MK.device, *b_KN.shape) == Route.ROWWISE_TORCH:
         return torch._scaled_mm(a_MK, b_KN, scale_a=scale_M[:, None], scale_b=scale_N[None, :], out_dtype=OUT_DTYPE)
     a = (a_MK.float() * scale_M[:, None]).to(OUT_DTYPE)
     b = (b_KN.float() * scale_N[None, :]).to(OUT_DTYPE)
@@ -167,7 +166,7 @@ def dense_dgrad(grad_MN, w_NK, rounding, param, decomposing):
 
 
 def dense_wgrad(grad_MN, x_MK, rounding, decomposing):
-    if registry.has_fp8_grouped_mm(x_MK.device):
+    if registry.route("fp8_rowwise", x_MK.device, x_MK.shape[0], grad_MN.shape[1]) == Route.ROWWISE_TORCH:
         # torch's FP8 GEMM takes a contraction (here the tokens) in multiples of 16; zero rows
         # change no scale and add nothing
         pad = -x_MK.shape[0] % rowwise.ALIGN

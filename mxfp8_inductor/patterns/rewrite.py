@@ -30,10 +30,9 @@ from torch._dynamo.utils import counters
 from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
 from .._warn import warn
-from ..lowering.auto import Plan, plan_for
+from ..lowering.auto import ROLES, Plan, plan_for
 from ..lowering.ops import linear_body, register_decompositions
 from ..options import MXFP8Config
-from ..registry import ROLES
 from .sites import Site, _val, find_sites
 
 log = logging.getLogger("mxfp8_inductor")

@@ -14,7 +14,7 @@ from mxfp8_inductor.kernels import reference, rowwise, triton_mx
 from mxfp8_inductor.lowering import mxfp8 as mx_lowering
 from mxfp8_inductor.lowering import ops as gm
 from mxfp8_inductor.lowering import rowwise as rw_lowering
-from mxfp8_inductor.registry import ROLES, Route
+from mxfp8_inductor.registry import Route
 
 # uneven groups: empty ones, sizes that are not multiples of 32, and rows past offs[-1]
 GROUPS = {
@@ -170,7 +170,7 @@ def test_fused_path_matches_reference_path(monkeypatch, transposed):
     equal up to the order of the fp32 sums (one bf16 rounding of the same products)."""
     a, w, b_of, offs, grad = _problem(8, K=64, N=96, transposed=transposed)
     expected = _run(mx.grouped_mm, a, w, b_of, offs, grad)
-    monkeypatch.setattr(mx_lowering, "gemm_path", lambda device, role, K, N: Route.MXFP8_FUSED)
+    monkeypatch.setattr(mx_lowering, "gemm_path", lambda device, K, N: Route.MXFP8_FUSED)
     got = _run(mx.grouped_mm, a, w, b_of, offs, grad)
     L = int(offs[-1])
     for x, y in ((got[0][:L], expected[0][:L]), (got[1][:L], expected[1][:L]), (got[2], expected[2])):
@@ -376,9 +376,8 @@ def test_gemm_path_by_capability(monkeypatch, capability, K, N, path, fused):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     monkeypatch.setattr(mx_lowering, "FUSED", fused)
     path = "fused" if fused else path
-    for role in ROLES:
-        assert mx_lowering.gemm_path(torch.device("cuda"), role, K, N) == Route(f"mxfp8 {path}")
-        assert mx_lowering.gemm_path(torch.device("cpu"), role, K, N) == Route.MXFP8_REFERENCE
+    assert mx_lowering.gemm_path(torch.device("cuda"), K, N) == Route(f"mxfp8 {path}")
+    assert mx_lowering.gemm_path(torch.device("cpu"), K, N) == Route.MXFP8_REFERENCE
 
 
 @pytest.mark.parametrize("capability, fp8", [((9, 0), True), ((8, 9), False), ((10, 0), False), ((10, 3), False)])
@@ -386,13 +385,12 @@ def test_rowwise_fp8_gemm_only_where_verified(monkeypatch, capability, fp8):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     assert registry.has_fp8_grouped_mm(torch.device("cuda")) == fp8
     assert not registry.has_fp8_grouped_mm(torch.device("cpu"))
-    for role in ROLES:
-        for tokens, K, N, route in ((64, 4096, 4096, Route.ROWWISE_TRITON), (4096, 4096, 4096, Route.ROWWISE_TORCH),
-                                    (4096, 1024, 4096, Route.ROWWISE_TRITON), (4096, 4096, 768, Route.ROWWISE_TRITON),
-                                    (None, 256, 256, Route.ROWWISE_TORCH)):
-            got = registry.route("fp8_rowwise", role, torch.device("cuda"), K, N, tokens)
-            assert got == (route if fp8 else Route.ROWWISE_EMULATED)
-        assert registry.route("fp8_rowwise", role, torch.device("cpu"), 256, 256, 64) == Route.ROWWISE_EMULATED
+    for tokens, K, N, route in ((64, 4096, 4096, Route.ROWWISE_TRITON), (4096, 4096, 4096, Route.ROWWISE_TORCH),
+                                (4096, 1024, 4096, Route.ROWWISE_TRITON), (4096, 4096, 768, Route.ROWWISE_TRITON),
+                                (None, 256, 256, Route.ROWWISE_TORCH)):
+        got = registry.route("fp8_rowwise", torch.device("cuda"), K, N, tokens)
+        assert got == (route if fp8 else Route.ROWWISE_EMULATED)
+    assert registry.route("fp8_rowwise", torch.device("cpu"), 256, 256, 64) == Route.ROWWISE_EMULATED
 
 
 # --------------------------------------------------------------------------------------------
@@ -449,4 +447,4 @@ def test_rocm_runs_no_native_or_fp8_grouped_gemm_whatever_capability_it_reports(
     monkeypatch.setattr(torch.version, "hip", "6.4")
     cuda = torch.device("cuda")
     assert not registry.has_mxfp8_mma(cuda) and not registry.has_fp8_grouped_mm(cuda)
-    assert mx_lowering.gemm_path(cuda, "forward", 256, 256) == Route.MXFP8_EMULATED
+    assert mx_lowering.gemm_path(cuda, 256, 256) == Route.MXFP8_EMULATED
