@@ -66,8 +66,10 @@ class MXFP8Config:
     include: glob patterns over global module or parameter FQNs; empty means every site.
     exclude: patterns whose sites stay in bf16 (wins over include). A pattern naming a module
       also covers the modules under it.
-    recipe: "mxfp8", "fp8_rowwise", or "auto" (per GEMM, the fastest of those and bf16 by a cost
-      model calibrated on the H200). rounding: "rceil" (default) or "floor" (the scale exponent
+    recipe: "mxfp8", "fp8_rowwise", or "auto" (per GEMM, the fastest of those and bf16).
+    autotune: with recipe "auto" on a CUDA GPU, time each GEMM's candidates there, once per shape
+      and machine (kept in Inductor's cache directory); False, or off CUDA: a cost model
+      calibrated on the H200. rounding: "rceil" (default) or "floor" (the scale exponent
       rule of both recipes). wgrad: "quantized" (the recipe's weight gradient) or "bf16".
     targets: "experts" (routed-expert grouped GEMMs) or "all" (dense linears on parameter weights
       too, except `DENSE_EXCLUDE` and layers with K or N below `dense_min_dim`).
@@ -92,6 +94,7 @@ class MXFP8Config:
     targets: Targets = "experts"
     dense_min_dim: int = DENSE_MIN_DIM
     weight_cache: bool = False
+    autotune: bool = True
     fsdp_fp8_all_gather: bool = False
     filter_fn: Callable[[Any, str], bool] | None = None
 
@@ -103,10 +106,9 @@ class MXFP8Config:
         # bool is an int subclass: dense_min_dim=True would read as 1
         if type(self.dense_min_dim) is not int or self.dense_min_dim < 0:
             raise ValueError(f"dense_min_dim must be a non-negative int, got {self.dense_min_dim!r}")
-        if type(self.weight_cache) is not bool:
-            raise ValueError(f"weight_cache must be True or False, got {self.weight_cache!r}")
-        if type(self.fsdp_fp8_all_gather) is not bool:
-            raise ValueError(f"fsdp_fp8_all_gather must be True or False, got {self.fsdp_fp8_all_gather!r}")
+        for field in ("weight_cache", "autotune", "fsdp_fp8_all_gather"):
+            if type(getattr(self, field)) is not bool:
+                raise ValueError(f"{field} must be True or False, got {getattr(self, field)!r}")
         if self.fsdp_fp8_all_gather:
             self._check_shared_weights()
         if self.filter_fn is not None and not callable(self.filter_fn):

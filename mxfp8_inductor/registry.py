@@ -26,6 +26,11 @@ class Route(str, enum.Enum):
     ROWWISE_EMULATED = "fp8_rowwise emulated"  # dequantized float8 operands into the bf16 GEMM
 
 
+# the routes whose GEMMs multiply in FP8; the others multiply rounded operands in bf16, which
+# cannot beat bf16 alone (`recipe="auto"` does not time them)
+FP8_MMA = frozenset({Route.MXFP8_NATIVE, Route.ROWWISE_TORCH, Route.ROWWISE_TRITON})
+
+
 # Where torch's FP8 grouped GEMM (CUTLASS) takes an fp8_rowwise GEMM from ours on compute
 # capability 9.x: groups of at least this many tokens on average, with K and N both at least
 # TORCH_FP8_MIN_DIM. Its tiles are sized for large GEMMs: below either bound it runs at 0.4-0.6x

@@ -238,6 +238,18 @@ def test_rowwise_weight_quantizer_bit_exact_on_gpu(shape):
             assert_bitwise_equal(got, want)
 
 
+@pytest.mark.parametrize("rounding", ["rceil", "floor"])
+@pytest.mark.parametrize("shape", [(TOKENS + 5, 2048), (8, 2048, 1536), (3, 70, 200)])
+def test_rowwise_row_quantizer_bit_exact_on_gpu(shape, rounding):
+    """The eager GEMMs' rows along the last dim (activations; a weight's rows along K or N)."""
+    from mxfp8_inductor.kernels import rowwise, triton_rowwise
+
+    x = _specials(torch.randn(*shape, device="cuda").bfloat16())
+    for view in (x, x.transpose(-2, -1).contiguous().transpose(-2, -1)):
+        for got, want in zip(triton_rowwise.quantize_rows(view, rounding), rowwise.quantize_rows(view, -1, rounding)):
+            assert_bitwise_equal(got, want)
+
+
 def test_cached_launch_keys_alignment_and_layout():
     """Repeated calls take the bound launch of the first (`launch.bind`): an aligned input, the
     same shape one element off 16-byte alignment, and its transposed view must each get their

@@ -12,10 +12,11 @@ def test_weight_cache_is_opt_in():
     assert MXFP8Config(weight_cache=True).weight_cache is True
 
 
+@pytest.mark.parametrize("field", ["weight_cache", "autotune", "fsdp_fp8_all_gather"])
 @pytest.mark.parametrize("value", [None, 0, 1, "yes", 1.0])
-def test_weight_cache_takes_only_a_bool(value):
-    with pytest.raises(ValueError, match=rf"weight_cache must be True or False, got {value!r}"):
-        MXFP8Config(weight_cache=value)
+def test_switches_take_only_a_bool(field, value):
+    with pytest.raises(ValueError, match=rf"{field} must be True or False, got {value!r}"):
+        MXFP8Config(**{field: value})
 
 
 @pytest.mark.parametrize("value", [True, False, -1, 2048.0, "2048"])

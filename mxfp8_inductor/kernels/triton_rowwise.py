@@ -1,6 +1,8 @@
-"""Triton twins of the FP8-rowwise quantizers Inductor does badly: the weight-gradient operand (a
-segmented max over variable-size token groups, where torch's scatter_reduce uses atomics, and a
-gathered, transposed, group-padded write), and both operands of a weight in two reads of it."""
+"""Triton twins of the FP8-rowwise quantizers: the ones Inductor does badly, the weight-gradient
+operand (a segmented max over variable-size token groups, where torch's scatter_reduce uses
+atomics, and a gathered, transposed, group-padded write) and both operands of a weight in two
+reads of it; and rows along the last dim, which Inductor fuses with their producers in compiled
+graphs and these kernels replace in eager calls."""
 
 from __future__ import annotations
 
@@ -217,3 +219,54 @@ def quantize_weight(b_EKN: torch.Tensor, rounding: str = "rceil") -> tuple[torch
     _weight_cast_kernel[grid](b, *strides, K, N, amax_n, amax_k, q_nk, q_kn, s_n, s_k, RCEIL=rounding == "rceil",
                               HW_CVT=b_EKN.is_cuda, BK=bk, BN=bn, num_warps=warps)
     return q_nk.view(torch.float8_e4m3fn), s_n, q_kn.view(torch.float8_e4m3fn), s_k
+
+
+# rows per program, columns per load and warps of `quantize_rows`
+ROWS_TILE = (16, 256, 4)
+
+
+@triton.jit
+def _rows_kernel(x_ptr, s0, s1, s2, A, R, C, q_ptr, s_ptr,
+                 RCEIL: tl.constexpr, HW_CVT: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
+    """Program p: rows p*BR.. of x seen as [R, C], row r at (r // A) * s0 + (r % A) * s1 and its
+    elements s2 apart. Each row's max |x| (NaN as inf, as `triton_common.block_amax`) from one
+    read, its cast from a second, into q[R, C] (row-major) and one float scale per row."""
+    r = tl.program_id(0) * BR + tl.arange(0, BR)
+    r_ok = r < R
+    r64 = r.to(tl.int64)
+    row = x_ptr + (r64 // A) * s0 + (r64 % A) * s1
+    acc = tl.zeros([BR, BC], dtype=tl.int32)
+    for c0 in range(0, C, BC):
+        c = c0 + tl.arange(0, BC)
+        x = tc.load_f32(row[:, None] + c.to(tl.int64)[None, :] * s2, r_ok[:, None] & (c < C)[None, :])
+        acc = tl.maximum(acc, x.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
+    amax = tl.minimum(tl.max(acc, axis=1), 0x7F800000).to(tl.float32, bitcast=True)
+    biased = tc.scale_exponent(amax, RCEIL)
+    inv = tc.inv_scale(biased)
+    for c0 in range(0, C, BC):
+        c = c0 + tl.arange(0, BC)
+        m = r_ok[:, None] & (c < C)[None, :]
+        x = tc.load_f32(row[:, None] + c.to(tl.int64)[None, :] * s2, m)
+        tl.store(q_ptr + r64[:, None] * C + c[None, :], tc.scaled_to_e4m3(x, inv[:, None], HW_CVT), mask=m)
+    tl.store(s_ptr + r, tc.e8m0_to_float(biased), mask=r_ok)
+
+
+def quantize_rows(x: torch.Tensor, rounding: str = "rceil") -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton twin of `rowwise.quantize_rows(x, -1, rounding)` for 2-D and 3-D x in any layout:
+    data float8 shaped like x (row-major), scales float32 x.shape[:-1]; two reads of x."""
+    ref.check_float(x)
+    check_choice("rounding", rounding)
+    if x.dim() not in (2, 3):
+        raise ValueError(f"quantize_rows takes 2-D or 3-D tensors, got shape {tuple(x.shape)}")
+    x3 = x if x.dim() == 3 else x[None]
+    B, A, C = x3.shape
+    R = B * A
+    q = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
+    scales = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    if R and C:
+        br, bc, warps = ROWS_TILE
+        _rows_kernel[(tc.cdiv(R, br),)](tc.as_bits(x3), *x3.stride(), A, R, C, q, scales,
+                                        RCEIL=rounding == "rceil", HW_CVT=x.is_cuda, BR=br, BC=bc, num_warps=warps)
+    elif R:  # rows of no elements: the scale of zero rows, as the reference
+        scales.copy_(rowwise.quantize_rows(x.new_zeros(x.shape[:-1] + (1,)), -1, rounding)[1])
+    return q.view(torch.float8_e4m3fn), scales

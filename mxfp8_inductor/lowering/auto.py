@@ -1,5 +1,6 @@
 """Which recipe runs each GEMM: the options' recipe, or with `recipe="auto"` the fastest of
-fp8_rowwise, mxfp8 and bf16 by a cost model of the GEMM's shape (docs/design.md, "recipe='auto'").
+fp8_rowwise, mxfp8 and bf16 for the GEMM's shape (docs/design.md, "recipe='auto'"): timed on the
+GPU itself (`measure.py`, with autotune on, the default), else from a cost model.
 
 The cost model is data: `auto_h200.json`, made by benchmarks/calibrate_auto.py on an H200, holds
 each recipe's time over bf16's for every role at calibrated (K, N) shapes and token counts.
@@ -22,6 +23,7 @@ import torch
 
 from ..eligibility import MULTIPLE_OF
 from ..registry import has_fp8_grouped_mm, has_mxfp8_mma
+from . import measure
 
 ROLES = ("forward", "input-grad", "weight-grad")
 
@@ -99,13 +101,46 @@ def ratio(kind: str, role: str, recipe: str, K: int, N: int, tokens: float) -> f
     return _interp(nearest["tokens"], nearest["ratio"], tokens)
 
 
-def _auto(M: int | None, K: int, N: int, E: int, dense: bool) -> Plan:
+def _fits(recipe: str, K: int, N: int) -> bool:
+    return recipe == "bf16" or (K % MULTIPLE_OF[recipe] == 0 and N % MULTIPLE_OF[recipe] == 0)
+
+
+def _measured(M: int, K: int, N: int, E: int, dense: bool, device: torch.device, rounding: str,
+              cached: bool) -> Plan:
+    """Each role's fastest candidate as timed on `device`, FP8 only where at least `MARGIN`
+    faster than bf16."""
+    tokens = M if dense else M / max(E, 1)
+    unit = "rows" if dense else "tokens per group"
+    names = [r for r in measure.candidates(device, K, N, None if dense else tokens) if _fits(r, K, N)]
+    if names == ["bf16"]:
+        return Plan(("bf16",) * 3, (f"bf16: no FP8 recipe multiplies in FP8 on {measure.device_name(device)} "
+                                    "at this shape",) * 3)
+    where = f"at {tokens:.0f} {unit}, timed on {measure.device_name(device)}"
+    recipes, reasons = [], []
+    for role in ROLES:
+        ms = measure.times(names, role, M, K, N, E, dense=dense, rounding=rounding, cached=cached, device=device)
+        best = min(ms, key=ms.get)
+        best = best if ms[best] < (1 - MARGIN) * ms["bf16"] else "bf16"
+        shown = ", ".join(f"{r} {t:.3f} ms" for r, t in ms.items())
+        recipes.append(best)
+        reasons.append(f"{best}: {shown} {where}" if best == "bf16" else
+                       f"{best} {ms['bf16'] / ms[best]:.2f}x bf16 ({shown}) {where}")
+    return Plan(tuple(recipes), tuple(reasons))
+
+
+def _auto(M: int | None, K: int, N: int, E: int, dense: bool, device: torch.device | None, autotune: bool,
+          rounding: str, cached: bool) -> Plan:
+    timed = autotune and measure.measurable(device)
     if M is None:  # left to the op, which picks per call from its shapes (lowering/ops.py)
+        if timed:
+            return Plan(("measure",) * 3, ("token count dynamic at compile time: timed per call's token count",) * 3)
         return Plan(("auto",) * 3, ("token count dynamic at compile time: chosen per call by its own",) * 3)
+    if timed:
+        return _measured(M, K, N, E, dense, device, rounding, cached)
     tokens = M if dense else M / max(E, 1)
     recipes, reasons = [], []
     for role in ROLES:
-        fits = [r for r in FP8 if K % MULTIPLE_OF[r] == 0 and N % MULTIPLE_OF[r] == 0]
+        fits = [r for r in FP8 if _fits(r, K, N)]
         costs = {r: c for r in fits if (c := ratio("dense" if dense else "grouped", role, r, K, N, tokens)) is not None}
         best = min(costs, key=costs.get, default=None)
         unit = "rows" if dense else "tokens per group"
@@ -132,19 +167,23 @@ def _fixed_recipe(device: torch.device | None) -> str | None:
 
 
 def plan_for(recipe: str, wgrad: str, *, M: int | None, K: int, N: int, E: int, dense: bool,
-             device: torch.device | None = None) -> Plan:
+             device: torch.device | None = None, autotune: bool = False, rounding: str = "rceil",
+             cached: bool = False) -> Plan:
     """The recipe of each GEMM of one site: `recipe` for all three (the weight gradient in bf16
-    with wgrad="bf16"), or with "auto" the cost model's choice for M token rows on `device` (M
-    None, dynamic or unknown at compile time: "auto", chosen per call by the op); compute
-    capability 10.x takes native MXFP8 everywhere (not calibrated here), other GPUs (ROCm ones
-    included) bf16."""
-    fixed = _fixed_recipe(device) if recipe == "auto" else None
-    if fixed == "mxfp8" and K % MULTIPLE_OF["mxfp8"] == 0 and N % MULTIPLE_OF["mxfp8"] == 0:
+    with wgrad="bf16"), or with "auto" the choice for M token rows on `device`. With `autotune`
+    on a CUDA GPU: each role timed there (`measure.times`, in `rounding`, the weight's quantization
+    reused if `cached`); M None (dynamic or unknown at compile time) gives "measure", timed by the
+    op per call's token count. Otherwise the H200 cost model (M None: "auto", chosen per call by
+    the op), except that compute capability 10.x takes native MXFP8 (not calibrated here) and other
+    GPUs (ROCm ones included) bf16."""
+    timed = recipe == "auto" and autotune and measure.measurable(device)
+    fixed = _fixed_recipe(device) if recipe == "auto" and not timed else None
+    if fixed == "mxfp8" and _fits("mxfp8", K, N):
         plan = Plan(("mxfp8",) * 3, ("compute capability 10.x: native MXFP8 (the cost model is Hopper's)",) * 3)
     elif fixed is not None:
         plan = Plan(("bf16",) * 3, ("no calibrated FP8 GEMM on this GPU",) * 3)
     elif recipe == "auto":
-        plan = _auto(M, K, N, E, dense)
+        plan = _auto(M, K, N, E, dense, device, autotune, rounding, cached)
     else:
         plan = Plan((recipe,) * 3, (recipe,) * 3)
     if wgrad == "bf16":

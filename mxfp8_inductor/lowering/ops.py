@@ -12,6 +12,7 @@ A recipe is a module implementing `lowering/recipe.py`'s `Recipe`.
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 from torch.fx.experimental.symbolic_shapes import guard_or_false
@@ -19,7 +20,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ..eligibility import check_grouped_mm_args, check_linear_args
 from ..kernels import shared_weight as shared_weight_rounding
-from . import auto, bf16, mxfp8, rowwise
+from . import auto, bf16, measure, mxfp8, rowwise
 from .auto import plan_for
 from .library import LIB
 from .recipe import Recipe
@@ -31,33 +32,48 @@ def _result(out, like: torch.Tensor):
     return out if out is NotImplemented else out.to(like.dtype)
 
 
-# run-time "auto" choices per (M, K, N, E, dense, device), with the calibration they were read
-# from (a test may swap it): a plan costs tens of microseconds, a lookup well under one
+# the choices a site leaves to run time (its token count was dynamic when it compiled): "auto"
+# from the H200 cost model, "measure" timed on the device (lowering/measure.py)
+DEFERRED = ("auto", "measure")
+# run-time choices per (M, K, N, E, dense, device, ...), with the calibration they were read from
+# (a test may swap it): a plan costs tens of microseconds, a lookup well under one
 _CHOICES: dict[tuple, tuple[dict, tuple[str, str, str]]] = {}
 _MAX_CHOICES = 4096  # token counts vary per step under expert parallelism: start over past this
 
 
-def _choice(role: int, M: int, K: int, N: int, E: int, dense: bool, device: torch.device) -> str:
-    """A choice the pass left to run time ("auto": the token count was dynamic when it compiled),
-    made per call from this call's shapes, as the eager op makes it."""
-    key, calibration = (M, K, N, E, dense, device), auto.table()
+def _timed_rows(M: int, E: int) -> int:
+    """The token count "measure" times for M rows in E groups: tokens per group rounded to a power
+    of two, so that each bucket is timed once however the count varies from step to step."""
+    per_group = max(M / max(E, 1), 1.0)
+    return max(E, 1) << round(math.log2(per_group))
+
+
+def _choice(deferred: str, role: int, M: int, K: int, N: int, E: int, dense: bool, device: torch.device,
+            rounding: str, cached: bool) -> str:
+    """A choice the pass left to run time, made per call from this call's shapes, as the eager op
+    makes it: from the cost model ("auto"), or timed on the device ("measure")."""
+    timed = deferred == "measure" and measure.measurable(device)
+    if timed:
+        M = _timed_rows(M, E)
+    key, calibration = (M, K, N, E, dense, device, timed, rounding, cached), auto.table()
     hit = _CHOICES.get(key)
     if hit is None or hit[0] is not calibration:
         if len(_CHOICES) >= _MAX_CHOICES:
             _CHOICES.clear()
-        plan = plan_for("auto", "quantized", M=M, K=K, N=N, E=E, dense=dense, device=device)
+        plan = plan_for("auto", "quantized", M=M, K=K, N=N, E=E, dense=dense, device=device, autotune=timed,
+                        rounding=rounding, cached=cached)
         hit = _CHOICES[key] = (calibration, plan.recipes)
     return hit[1][role]
 
 
 def _gemm(method: str, recipe: str, role: int, like: torch.Tensor, MKNE: tuple[int, int, int, int], *args,
-          decomposing: bool):
-    """`RECIPES[recipe].<method>(*args, decomposing)` in `like`'s dtype; a run-time "auto" is
-    chosen for this call's M, K, N, E, and declines to decompose (Inductor keeps the op)."""
-    if recipe == "auto":
+          rounding: str, cached: bool = False, decomposing: bool):
+    """`RECIPES[recipe].<method>(*args, decomposing)` in `like`'s dtype; a choice deferred to run
+    time is made for this call's M, K, N, E, and declines to decompose (Inductor keeps the op)."""
+    if recipe in DEFERRED:
         if decomposing:
             return NotImplemented
-        recipe = _choice(role, *MKNE, method.startswith("dense"), like.device)
+        recipe = _choice(recipe, role, *MKNE, method.startswith("dense"), like.device, rounding, cached)
     return _result(getattr(RECIPES[recipe], method)(*args, decomposing), like)
 
 
@@ -70,20 +86,22 @@ def _weight(b: torch.Tensor, recipe: str, rounding: str, shared_weight: bool) ->
 def _forward(a, b, offs, forward, dgrad, wgrad, rounding, param, shared_weight=False, *, decomposing=False):
     MKNE = (a.shape[0], b.shape[-2], b.shape[-1], b.shape[0])
     b = _weight(b, forward, rounding, shared_weight)
-    return _gemm("forward", forward, 0, a, MKNE, a, b, offs, rounding, param, decomposing=decomposing)
+    return _gemm("forward", forward, 0, a, MKNE, a, b, offs, rounding, param, rounding=rounding,
+                 cached=param is not None, decomposing=decomposing)
 
 
 def _dgrad(grad, b, offs, recipe, rounding, param, shared_weight=False, *, decomposing=False):
     MKNE = (grad.shape[0], b.shape[-2], b.shape[-1], b.shape[0])
     b = _weight(b, recipe, rounding, shared_weight)
-    return _gemm("dgrad", recipe, 1, grad, MKNE, grad, b, offs, rounding, param, decomposing=decomposing)
+    return _gemm("dgrad", recipe, 1, grad, MKNE, grad, b, offs, rounding, param, rounding=rounding,
+                 cached=param is not None, decomposing=decomposing)
 
 
 def _wgrad(grad, a, offs, recipe, rounding, *, decomposing=False):
     """db[E, K, N] from grad[M, N] and a[M, K], or db[E, N, K] with the two swapped (never for a
-    run-time "auto", which reads K and N from the operands)."""
+    choice deferred to run time, which reads K and N from the operands)."""
     MKNE = (grad.shape[0], a.shape[1], grad.shape[1], offs.shape[0])
-    return _gemm("wgrad", recipe, 2, grad, MKNE, grad, a, offs, rounding, decomposing=decomposing)
+    return _gemm("wgrad", recipe, 2, grad, MKNE, grad, a, offs, rounding, rounding=rounding, decomposing=decomposing)
 
 
 @torch.library.custom_op(f"{LIB}::grouped_mm", mutates_args=())
@@ -150,7 +168,7 @@ def _backward(ctx, grad):
     if ctx.needs_input_grad[1]:
         # the weight gradient is symmetric in its operands: compute it in the weight's own
         # layout (b is usually a transposed view of [E, N, K]), which saves a transposing copy
-        swap = b.stride(-2) == 1 and ctx.wgrad != "auto"
+        swap = b.stride(-2) == 1 and ctx.wgrad not in DEFERRED
         x, y = (grad, a) if swap else (a, grad)
         db = grouped_mm_wgrad_op(y, x, offs, ctx.wgrad, ctx.rounding)
         db = (db.transpose(-2, -1) if swap else db).to(b.dtype)
@@ -166,17 +184,19 @@ grouped_mm_op.register_autograd(_backward, setup_context=_setup_context)
 
 def _dense_forward(x, w, forward, dgrad, wgrad, rounding, param, *, decomposing=False):
     MKNE = (x.shape[0], w.shape[1], w.shape[0], 1)
-    return _gemm("dense_forward", forward, 0, x, MKNE, x, w, rounding, param, decomposing=decomposing)
+    return _gemm("dense_forward", forward, 0, x, MKNE, x, w, rounding, param, rounding=rounding,
+                 cached=param is not None, decomposing=decomposing)
 
 
 def _dense_dgrad(grad, w, recipe, rounding, param, *, decomposing=False):
     MKNE = (grad.shape[0], w.shape[1], w.shape[0], 1)
-    return _gemm("dense_dgrad", recipe, 1, grad, MKNE, grad, w, rounding, param, decomposing=decomposing)
+    return _gemm("dense_dgrad", recipe, 1, grad, MKNE, grad, w, rounding, param, rounding=rounding,
+                 cached=param is not None, decomposing=decomposing)
 
 
 def _dense_wgrad(grad, x, recipe, rounding, *, decomposing=False):
     MKNE = (grad.shape[0], x.shape[1], grad.shape[1], 1)
-    return _gemm("dense_wgrad", recipe, 2, grad, MKNE, grad, x, rounding, decomposing=decomposing)
+    return _gemm("dense_wgrad", recipe, 2, grad, MKNE, grad, x, rounding, rounding=rounding, decomposing=decomposing)
 
 
 @torch.library.custom_op(f"{LIB}::linear", mutates_args=())
@@ -276,11 +296,13 @@ def grouped_mm(
     rounding: str = "rceil",
     wgrad: str = "quantized",
     weight_cache: bool = False,
+    autotune: bool = True,
 ) -> torch.Tensor:
     """FP8 drop-in for `torch._grouped_mm(a[M, K], b[E, K, N], offs)` -> [M, N] in a's dtype.
 
     Forward, input-gradient and weight-gradient GEMMs run in the recipe, "mxfp8", "fp8_rowwise"
-    or "auto" (each GEMM the fastest of those and bf16 for its shape, lowering/auto.py);
+    or "auto" (each GEMM the fastest of those and bf16 for its shape, timed on a CUDA GPU once
+    per shape, or with `autotune=False` from the H200 cost model; lowering/auto.py);
     `wgrad="bf16"` keeps the weight gradient in bf16. `weight_cache=True` reuses b's FP8
     quantization while b is a parameter, or a view of one, that has not changed
     (lowering/weights.py). `b` may be a transposed view of [E, N, K] or a contiguous [E, K, N];
@@ -289,7 +311,7 @@ def grouped_mm(
     """
     check_grouped_mm_args(a, b, offs, recipe, rounding, wgrad)
     plan = plan_for(recipe, wgrad, M=a.shape[0], K=b.shape[-2], N=b.shape[-1], E=b.shape[0], dense=False,
-                    device=a.device)
+                    device=a.device, autotune=autotune, rounding=rounding, cached=weight_cache)
     return grouped_mm_op(a, b, offs, *plan.recipes, rounding, parameter_of(b) if weight_cache else None)
 
 
@@ -302,13 +324,14 @@ def linear(
     rounding: str = "rceil",
     wgrad: str = "quantized",
     weight_cache: bool = False,
+    autotune: bool = True,
 ) -> torch.Tensor:
     """FP8 drop-in for `F.linear(x[..., K], w[N, K], bias)` -> [..., N] in x's dtype: forward,
     input-gradient and weight-gradient GEMMs in the recipe, each quantized along its own
     contraction (K, N, and the tokens); the other options as for `grouped_mm`."""
     check_linear_args(x, w, bias, recipe, rounding, wgrad)
     plan = plan_for(recipe, wgrad, M=x.numel() // x.shape[-1], K=w.shape[1], N=w.shape[0], E=1, dense=True,
-                    device=x.device)
+                    device=x.device, autotune=autotune, rounding=rounding, cached=weight_cache)
     return linear_body(x, w, bias, *plan.recipes, rounding, parameter_of(w) if weight_cache else None)
 
 

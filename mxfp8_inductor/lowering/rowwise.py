@@ -29,6 +29,14 @@ def quantizers(device: torch.device) -> types.ModuleType:
     return rowwise
 
 
+def _rows(x, rounding, decomposing):
+    """One scale per row along the last dim: the pure-torch contract where Inductor lowers it
+    (fused with the producer), the device's twin in an eager call."""
+    if decomposing or x.device.type != "cuda":
+        return rowwise.quantize_rows(x, -1, rounding)
+    return quantizers(x.device).quantize_rows(x, rounding)
+
+
 def _quantize_groups(x, offs, rounding):
     """Weight-gradient operand (see `rowwise.quantize_groups`)."""
     return quantizers(x.device).quantize_groups(x, offs, rounding)
@@ -111,15 +119,15 @@ cached_weight_gemm_op = define(
 )
 
 
-def _weight_gemm(x_MC, b_EKN, offs, rounding, param, dgrad):
+def _weight_gemm(x_MC, b_EKN, offs, rounding, param, dgrad, decomposing):
     """x [M, C] (C = K forward, N input gradient) times the weight in FP8, x quantized here,
     where Inductor fuses it with its producer; the weight's quantization reused under `param`
     (None: made here, for this GEMM alone)."""
-    x_fp8, x_scales = rowwise.quantize_rows(x_MC, -1, rounding)
+    x_fp8, x_scales = _rows(x_MC, rounding, decomposing)
     x_fp8 = x_fp8.contiguous()
     if param is not None:
         return cached_weight_gemm_op(x_fp8, x_scales, b_EKN, param, offs, rounding, dgrad)
-    w_fp8, w_scales = rowwise.quantize_rows(b_EKN if dgrad else b_EKN.transpose(-2, -1), -1, rounding)
+    w_fp8, w_scales = _rows(b_EKN if dgrad else b_EKN.transpose(-2, -1), rounding, decomposing)
     return _grouped_or_dense(x_fp8, w_fp8.contiguous().transpose(-2, -1), w_scales, x_scales, offs)
 
 
@@ -128,11 +136,11 @@ def _weight_gemm(x_MC, b_EKN, offs, rounding, param, dgrad):
 
 
 def forward(a_MK, b_EKN, offs, rounding, param, decomposing):
-    return _weight_gemm(a_MK, b_EKN, offs, rounding, param, dgrad=False)
+    return _weight_gemm(a_MK, b_EKN, offs, rounding, param, dgrad=False, decomposing=decomposing)
 
 
 def dgrad(grad_MN, b_EKN, offs, rounding, param, decomposing):
-    return _weight_gemm(grad_MN, b_EKN, offs, rounding, param, dgrad=True)
+    return _weight_gemm(grad_MN, b_EKN, offs, rounding, param, dgrad=True, decomposing=decomposing)
 
 
 def wgrad(grad_MN, a_MK, offs, rounding, decomposing):
@@ -158,11 +166,11 @@ def _mm(a_MK, b_KN, scale_M, scale_N) -> torch.Tensor:
 
 
 def dense_forward(x_MK, w_NK, rounding, param, decomposing):
-    return _weight_gemm(x_MK, w_NK.t()[None], None, rounding, param, dgrad=False)
+    return _weight_gemm(x_MK, w_NK.t()[None], None, rounding, param, dgrad=False, decomposing=decomposing)
 
 
 def dense_dgrad(grad_MN, w_NK, rounding, param, decomposing):
-    return _weight_gemm(grad_MN, w_NK.t()[None], None, rounding, param, dgrad=True)
+    return _weight_gemm(grad_MN, w_NK.t()[None], None, rounding, param, dgrad=True, decomposing=decomposing)
 
 
 def dense_wgrad(grad_MN, x_MK, rounding, decomposing):
@@ -171,6 +179,6 @@ def dense_wgrad(grad_MN, x_MK, rounding, decomposing):
         # change no scale and add nothing
         pad = -x_MK.shape[0] % rowwise.ALIGN
         grad_MN, x_MK = (torch.nn.functional.pad(t, (0, 0, 0, pad)) for t in (grad_MN, x_MK))
-    g_fp8_NM, g_scales_N = rowwise.quantize_rows(grad_MN.t(), -1, rounding)
-    x_fp8_KM, x_scales_K = rowwise.quantize_rows(x_MK.t(), -1, rounding)
+    g_fp8_NM, g_scales_N = _rows(grad_MN.t(), rounding, decomposing)
+    x_fp8_KM, x_scales_K = _rows(x_MK.t(), rounding, decomposing)
     return _mm(g_fp8_NM.contiguous(), x_fp8_KM.contiguous().t(), g_scales_N, x_scales_K)

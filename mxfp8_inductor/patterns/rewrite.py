@@ -54,7 +54,7 @@ class SiteReport:
     action: str  # "rewritten", "excluded", "skipped", "kept bf16" or "not computed"
     reason: str
     node: str
-    recipe: str  # what the GEMM runs in: "mxfp8", "fp8_rowwise", "bf16", "auto" (chosen per call), "-" (not run)
+    recipe: str  # what the GEMM runs in: "mxfp8", "fp8_rowwise", "bf16", "auto" or "measure" (chosen per call), "-" (not run)
 
 
 def _static(n) -> int | None:
@@ -72,7 +72,8 @@ def plan(site: Site, config: MXFP8Config) -> Plan:
         M, E = (None if rows is None else rows // K), 1
     else:
         (E, K, N), M = b.shape, _static(a.shape[0])
-    return plan_for(config.recipe, config.wgrad, M=M, K=K, N=N, E=E, dense=site.dense, device=b.device)
+    return plan_for(config.recipe, config.wgrad, M=M, K=K, N=N, E=E, dense=site.dense, device=b.device,
+                    autotune=config.autotune, rounding=config.rounding, cached=config.weight_cache)
 
 
 def _replace(site: Site, config: MXFP8Config, recipes: tuple[str, str, str],

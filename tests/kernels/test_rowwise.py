@@ -215,3 +215,29 @@ def test_fp8_rowwise_grouped_mm_takes_zero_tokens():
     assert out.shape == (0, 48)
     out.sum().backward()
     assert x.grad.shape == (0, 32) and w.grad.shape == w.shape and torch.all(w.grad == 0)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("shape", [(37, 300), (2, 70, 33), (3, 5, 0), (0, 16)])
+@pytest.mark.parametrize("rounding", ["rceil", "floor"])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_triton_row_quantizer_is_bit_exact(shape, rounding, layout):
+    """Rows along the last dim, in the layouts the eager GEMMs pass (row-major activations, a
+    weight's [E, K, N] view of [E, N, K] storage and its transpose), ragged tiles, NaN/inf rows,
+    subnormals and empty rows: bit-exact with the pure-torch contract."""
+    g = torch.Generator().manual_seed(sum(shape))
+    x = (torch.randn(*shape, generator=g) * torch.logspace(-40, 30, shape[-1], base=2)).bfloat16()
+    if x.numel():
+        x.view(-1, shape[-1])[0, 0], x.view(-1, shape[-1])[-1, 1] = float("nan"), float("inf")
+        x.view(-1, shape[-1])[1, :] = -2.0**-133  # a bf16 subnormal row
+    if layout == "transposed":
+        x = x.transpose(-2, -1).contiguous().transpose(-2, -1)
+    got, want = triton_rowwise.quantize_rows(x, rounding), rowwise.quantize_rows(x, -1, rounding)
+    for a, w in zip(got, want):
+        assert_bitwise_equal(a, w)
+    assert got[0].is_contiguous() and got[1].shape == shape[:-1]
+
+
+def test_triton_row_quantizer_rejects_other_ranks():
+    with pytest.raises(ValueError, match="2-D or 3-D"):
+        triton_rowwise.quantize_rows(torch.zeros(4, dtype=torch.bfloat16))

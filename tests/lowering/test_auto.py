@@ -176,3 +176,108 @@ def test_a_dynamic_token_count_is_chosen_per_call(monkeypatch):
     assert "'auto', 'auto', 'auto'" in "".join(report.graphs)
     assert {(s.recipe, s.action) for s in report.sites} == {("auto", "rewritten")}
     assert all("token count dynamic at compile time: chosen per call" in s.reason for s in report.sites)
+
+
+class _Bench:
+    """A stand-in for `measure._bench`: runs the timed call once on CPU, records its output's shape
+    and returns the next of the given times (an error once they run out: nothing more may be timed)."""
+
+    def __init__(self, ms: list[float]) -> None:
+        self.ms, self.shapes = list(ms), []
+
+    def __call__(self, fn) -> float:
+        self.shapes.append(tuple(fn().shape))
+        assert self.ms, "timed a GEMM the measurements on disk should have answered"
+        return self.ms.pop(0)
+
+
+@pytest.fixture
+def timed(monkeypatch, tmp_path):
+    """Measurement on CPU: bf16 and fp8_rowwise timed by a `_Bench` of the given times, their
+    disk cache in tmp_path, nothing kept from other tests."""
+    from mxfp8_inductor.lowering import measure, ops
+
+    monkeypatch.setattr(measure, "measurable", lambda device: device is not None)
+    monkeypatch.setattr(measure, "candidates", lambda device, K, N, tokens: ["bf16", "fp8_rowwise"])
+    monkeypatch.setattr(measure, "_path", lambda: tmp_path / "gemm_times.json")
+    monkeypatch.setattr(measure, "_times", None)
+    monkeypatch.setattr(ops, "_CHOICES", {})
+
+    def use(ms: list[float]) -> _Bench:
+        bench = _Bench(ms)
+        monkeypatch.setattr(measure, "_bench", bench)
+        return bench
+
+    return use
+
+
+CPU = torch.device("cpu")
+
+
+def test_autotune_times_each_role_and_takes_fp8_where_faster_by_the_margin(timed):
+    """Each role's candidates run at the GEMM's shape (forward out [M, N], input gradient [M, K],
+    weight gradient [E, N, K] as for a weight stored [E, N, K]); FP8 only where >= MARGIN faster."""
+    bench = timed([1.0, 0.5, 1.0, 1 - auto.MARGIN / 2, 1.0, 1.2])
+    kw = dict(M=64, K=64, N=128, E=4, dense=False, device=CPU, autotune=True)
+    plan = auto.plan_for("auto", "quantized", **kw)
+    assert plan.recipes == ("fp8_rowwise", "bf16", "bf16")
+    assert plan.reasons[0] == ("fp8_rowwise 2.00x bf16 (bf16 1.000 ms, fp8_rowwise 0.500 ms) at 16 tokens per "
+                               "group, timed on cpu")
+    assert plan.reasons[2].startswith("bf16: bf16 1.000 ms, fp8_rowwise 1.200 ms")
+    assert bench.shapes == [(64, 128)] * 2 + [(64, 64)] * 2 + [(4, 128, 64)] * 2
+    dense = timed([1.0, 2.0] * 3)
+    auto.plan_for("auto", "quantized", **kw | dict(M=32, E=1, dense=True))
+    assert dense.shapes == [(32, 128)] * 2 + [(32, 64)] * 2 + [(128, 64)] * 2
+    assert auto.plan_for("auto", "quantized", **kw | dict(autotune=False)).reasons[0].endswith("(H200 table)")
+
+
+def test_measured_times_are_kept_on_disk_per_gemm_and_weight_cache(timed, tmp_path):
+    from mxfp8_inductor.lowering import measure
+
+    timed([1.0, 0.5] * 3)
+    kw = dict(M=64, K=64, N=128, E=4, dense=False, device=CPU, autotune=True)
+    plan = auto.plan_for("auto", "quantized", **kw)
+    measure._times = None  # as in a new process: the file answers, nothing is timed
+    timed([])
+    assert auto.plan_for("auto", "quantized", **kw) == plan
+    with pytest.raises(AssertionError, match="timed a GEMM"):  # reused weights time differently
+        auto.plan_for("auto", "quantized", **kw, cached=True)
+    (tmp_path / "gemm_times.json").write_text("{torn")  # another process's torn write: timed again
+    measure._times = None
+    bench = timed([1.0, 2.0] * 3)
+    assert auto.plan_for("auto", "quantized", **kw).recipes == ("bf16",) * 3 and len(bench.shapes) == 6
+
+
+def test_autotune_reports_times_in_explain_and_defers_a_dynamic_token_count(timed):
+    """The report shows the measured times; a dynamic token count leaves "measure" to the op, which
+    times the call's tokens per group rounded to a power of two once per bucket."""
+    timed([1.0, 0.5, 1.0, 2.0, 1.0, 2.0] * 3)  # per distinct GEMM shape
+    report, code = _explain_auto()
+    assert code.count("'fp8_rowwise', 'bf16', 'bf16', 'rceil'") == 3
+    rewritten = [s for s in report.sites if s.action == "rewritten"]
+    assert rewritten and all("ms) at 8 tokens per group, timed on cpu" in s.reason for s in rewritten)
+    model = _Experts()
+    x = torch.randn(8, 64, dtype=torch.bfloat16, requires_grad=True)
+    torch._dynamo.mark_dynamic(x, 0)
+    report = mx.explain(model, x, torch.arange(1, 5, dtype=torch.int32) * 2, options={"recipe": "auto"})
+    assert "'measure', 'measure', 'measure'" in "".join(report.graphs)
+    bench = timed([1.0, 0.5, 1.0, 2.0, 1.0, 2.0])
+    w = model.w.detach()
+    for M in (96, 100):  # 24 and 25 tokens per group: both timed at 32, once
+        x = torch.randn(M, 64, dtype=torch.bfloat16)
+        offs = torch.tensor([M // 4, M // 2, 3 * M // 4, M], dtype=torch.int32)
+        got = torch.ops.mxfp8.grouped_mm(x, w.transpose(-2, -1), offs, "measure", "measure", "measure", "rceil", None)
+        want = mx.grouped_mm(x, w.transpose(-2, -1), offs, recipe="fp8_rowwise")
+        assert torch.equal(got, want)
+    assert bench.shapes[:2] == [(128, 128)] * 2 and len(bench.shapes) == 6
+
+
+@pytest.mark.parametrize("major, timed", [(9, ["bf16", "fp8_rowwise"]), (10, ["bf16", "mxfp8"]), (8, ["bf16"])])
+def test_only_recipes_that_multiply_in_fp8_are_timed(monkeypatch, major, timed):
+    """An emulated recipe multiplies in bf16 after rounding: it cannot win, so it is not timed."""
+    from mxfp8_inductor import registry
+    from mxfp8_inductor.lowering import measure
+
+    monkeypatch.setattr(registry, "_cuda_major", lambda device: major if device.type == "cuda" else None)
+    assert measure.candidates(torch.device("cuda"), 2048, 2048, 512.0) == timed
+    assert measure.candidates(CPU, 2048, 2048, 512.0) == ["bf16"]

@@ -1,0 +1,152 @@
+"""`recipe="auto"` by measurement: each GEMM role's candidate implementations timed on the device
+at the GEMM's shape, quantization included (docs/design.md, "recipe='auto'").
+
+Candidates are bf16 and every FP8 recipe that multiplies in FP8 on this device
+(`registry.FP8_MMA`): an emulated recipe multiplies in bf16 after its quantization, so it cannot
+beat bf16 and is not timed. What is timed is the role's eager implementation (the recipe module's
+function with decomposing=False) on random operands of the GEMM's shape, in uniform token groups,
+the weight stored [E, N, K] as models store it; its quantization is made in every call, or with
+the weight cache on, reused as between two optimizer steps.
+
+Times are kept per process and on disk in Inductor's cache directory, keyed by the GPU, the
+torch, Triton and package versions and the GEMM, so a shape is timed once per machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import pathlib
+import tempfile
+import threading
+
+import torch
+
+from .. import registry
+from .._version import __version__
+from . import bf16, mxfp8, rowwise
+
+IMPLEMENTATIONS = {"bf16": bf16, "fp8_rowwise": rowwise, "mxfp8": mxfp8}
+ROLE_METHODS = {"forward": "forward", "input-grad": "dgrad", "weight-grad": "wgrad"}
+_lock = threading.Lock()
+_times: dict[str, float] | None = None  # the disk cache's content, loaded on first use
+
+
+def measurable(device: torch.device | None) -> bool:
+    """Whether GEMMs can be timed on `device` now: a CUDA GPU whose current stream is not being
+    captured into a CUDA graph (timing launches work the capture would record)."""
+    return device is not None and device.type == "cuda" and not torch.cuda.is_current_stream_capturing()
+
+
+def candidates(device: torch.device, K: int, N: int, tokens_per_group: float | None) -> list[str]:
+    """bf16 and the FP8 recipes whose GEMMs on `device` multiply in FP8 at this shape."""
+    fp8 = [r for r in ("fp8_rowwise", "mxfp8") if registry.route(r, device, K, N, tokens_per_group) in registry.FP8_MMA]
+    return ["bf16", *fp8]
+
+
+def _path() -> pathlib.Path:
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return pathlib.Path(cache_dir()) / "mxfp8_inductor" / "gemm_times.json"
+
+
+def _load() -> dict[str, float]:
+    global _times
+    if _times is None:
+        try:
+            data = json.loads(_path().read_text())
+        except (OSError, ValueError):  # none yet, or a torn write from another process
+            data = {}
+        _times = {k: float(v) for k, v in data.items() if isinstance(v, (int, float))} if isinstance(data, dict) else {}
+    return _times
+
+
+def _save(new: dict[str, float]) -> None:
+    """Merge `new` into the file (read again first: other processes may have written), atomically."""
+    path = _path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            merged = json.loads(path.read_text())
+            merged = merged if isinstance(merged, dict) else {}
+        except (OSError, ValueError):
+            merged = {}
+        merged.update(new)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(merged, f, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError:  # a read-only cache directory: the times stay in this process
+        pass
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
+@functools.cache
+def _device_key(device: torch.device) -> str:
+    import triton
+
+    name = device_name(device)
+    cap = ".".join(map(str, torch.cuda.get_device_capability(device))) if device.type == "cuda" else "-"
+    return f"{name}|cc{cap}|torch {torch.__version__}|triton {triton.__version__}|mxfp8_inductor {__version__}"
+
+
+def _bench(fn) -> float:
+    """Median milliseconds of `fn()` on the current CUDA stream."""
+    import triton.testing
+
+    return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
+
+
+def _operands(role: str, M: int, K: int, N: int, E: int, dense: bool, cached: bool, device: torch.device):
+    """Random operands of one role's call, as the op makes it (lowering/ops.py)."""
+    x_MK = torch.randn(M, K, device=device, dtype=torch.bfloat16)
+    grad_MN = torch.randn(M, N, device=device, dtype=torch.bfloat16)
+    if dense:
+        w_NK = torch.randn(N, K, device=device, dtype=torch.bfloat16) / K**0.5
+        param = w_NK if cached else None
+        return {"forward": (x_MK, w_NK, param), "input-grad": (grad_MN, w_NK, param),
+                "weight-grad": (grad_MN, x_MK)}[role]
+    w_ENK = torch.randn(E, N, K, device=device, dtype=torch.bfloat16) / K**0.5
+    b_EKN, param = w_ENK.transpose(-2, -1), (w_ENK if cached else None)
+    offs = (torch.arange(1, E + 1, device=device, dtype=torch.int64) * M // E).to(torch.int32)
+    # the weight gradient of a weight stored [E, N, K]: the op's backward swaps the operands
+    return {"forward": (x_MK, b_EKN, offs, param), "input-grad": (grad_MN, b_EKN, offs, param),
+            "weight-grad": (x_MK, grad_MN, offs)}[role]
+
+
+def times(recipes: list[str], role: str, M: int, K: int, N: int, E: int, *, dense: bool, rounding: str,
+          cached: bool, device: torch.device) -> dict[str, float]:
+    """Milliseconds of one GEMM role in each of `recipes` (see `candidates`): M token rows (in E
+    uniform groups unless `dense`), contraction K, output width N; `cached`: the weight cache is on."""
+    names = list(recipes)
+    kind = "dense" if dense else "grouped"
+    keys = {r: f"{_device_key(device)}|{kind}|{role}|{r}|M={M}|K={K}|N={N}|E={E}|{rounding}|cache={cached}"
+            for r in names}
+    with _lock:
+        known = _load()
+        missing = [r for r in names if keys[r] not in known]
+        if missing:
+            new = {keys[r]: _time(r, role, M, K, N, E, dense, rounding, cached, device) for r in missing}
+            known.update(new)
+            _save(new)
+        return {r: known[keys[r]] for r in names}
+
+
+def _time(recipe: str, role: str, M: int, K: int, N: int, E: int, dense: bool, rounding: str, cached: bool,
+          device: torch.device) -> float:
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    method = getattr(IMPLEMENTATIONS[recipe], ("dense_" if dense else "") + ROLE_METHODS[role])
+    # the pass runs while a graph is traced: real tensors, no fake or proxy modes, no autograd
+    on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    with _disable_current_modes(), torch.no_grad(), on_device:
+        args = _operands(role, M, K, N, E, dense, cached, device)
+        ms = _bench(lambda: method(*args, rounding, False) if role == "weight-grad"
+                    else method(*args[:-1], rounding, args[-1], False))
+        del args
+    return ms
