@@ -146,7 +146,6 @@ def _time(recipe: str, role: str, M: int, K: int, N: int, E: int, dense: bool, r
     on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     with _disable_current_modes(), torch.no_grad(), on_device:
         args = _operands(role, M, K, N, E, dense, cached, device)
-        ms = _bench(lambda: method(*args, rounding, False) if role == "weight-grad"
-                    else method(*args[:-1], rounding, args[-1], False))
-        del args
-    return ms
+        # (operands, rounding, decomposing), with the weight's parameter after rounding
+        call = (*args, rounding, False) if role == "weight-grad" else (*args[:-1], rounding, args[-1], False)
+        return _bench(lambda: method(*call))

@@ -54,7 +54,9 @@ class SiteReport:
     action: str  # "rewritten", "excluded", "skipped", "kept bf16" or "not computed"
     reason: str
     node: str
-    recipe: str  # what the GEMM runs in: "mxfp8", "fp8_rowwise", "bf16", "auto" or "measure" (chosen per call), "-" (not run)
+    # what the GEMM runs in: "mxfp8", "fp8_rowwise", "bf16", "auto" or "measure" (chosen per call),
+    # "-" (not run)
+    recipe: str
 
 
 def _static(n) -> int | None:
