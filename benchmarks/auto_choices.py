@@ -1,0 +1,61 @@
+"""What `recipe="auto"` chooses by measurement (autotune on) for the routed-expert GEMMs of the
+benchmark models on this GPU, with and without the weight cache, and how long the timing takes.
+
+    python benchmarks/auto_choices.py [--out benchmarks/results/auto_choices_h200.json]
+
+Each (K, N) is one expert weight's GEMM (w1 and w3 fused, as transformers stores them; then w2)
+at one microbatch's routed tokens of `bench_models.py`'s model (batch x sequence x top-k rows in
+uniform groups). The times are kept in Inductor's cache directory as in a compile: run with a
+fresh TORCHINDUCTOR_CACHE_DIR to time them anew.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import time
+
+import torch
+from shapes import require_gpu
+
+from mxfp8_inductor.lowering import auto
+
+# model: (experts E, routed token rows M, [(K, N) of w1/w3 fused, of w2])
+MODELS = {
+    "qwen3_30b": (128, 4 * 2048 * 8, [(2048, 1536), (768, 2048)]),
+    "fine64_7b": (64, 4 * 2048 * 8, [(2048, 2048), (1024, 2048)]),
+    "mixtral_8x7b": (8, 2 * 4096 * 2, [(4096, 28672), (14336, 4096)]),
+    "gpt_oss_20b": (32, 4 * 2048 * 4, [(2880, 5760), (2880, 2880)]),
+    "dsv3_ep8_slice": (32, 2 * 4096 * 8, [(7168, 4096), (2048, 7168)]),
+    "l4scout_dims": (16, 4 * 4096 * 1, [(5120, 16384), (8192, 5120)]),
+}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results/auto_choices_h200.json"))
+    args = p.parse_args()
+    require_gpu()
+    device = torch.device("cuda")
+    rows = []
+    for cached in (False, True):
+        for model, (E, M, shapes) in MODELS.items():
+            for K, N in shapes:
+                start = time.perf_counter()
+                plan = auto.plan_for("auto", "quantized", M=M, K=K, N=N, E=E, dense=False, device=device,
+                                     autotune=True, cached=cached)
+                seconds = time.perf_counter() - start
+                print(f"{model} weight_cache={cached} K={K} N={N}: {plan.recipes} ({seconds:.1f} s)", flush=True)
+                for reason in plan.reasons:
+                    print("   ", reason)
+                rows.append(dict(model=model, E=E, M=M, K=K, N=N, cached=cached, recipes=plan.recipes,
+                                 reasons=plan.reasons, seconds=seconds))
+    meta = dict(gpu=torch.cuda.get_device_name(device), torch=torch.__version__, date=time.strftime("%Y-%m-%d"))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""The most an FP8 recipe can gain per layer on this GPU, from measured GEMM rates and layer times.
+
+    python benchmarks/hopper_ceiling.py [--rates benchmarks/results/grouped_gemm_rates_h200.json]
+        [--models benchmarks/results/models_h200.json] [--copy-tbps 4.15]
+
+For each benchmark model whose expert GEMMs the rate table covers, per layer and training step
+(`bench_models.py`: its microbatches, forward and backward): the bf16 layer time measured in the
+models file; the expert GEMMs' time in bf16 and in FP8 at the table's rates (the faster of the two
+FP8 kernels per GEMM); the quantization's bytes at the copy rate, with each activation operand read
+once and written once in FP8 (rows for the forward and input gradient, token groups for the weight
+gradient, plus a read for the groups' amax) and each expert weight read once and written in both
+orientations once per step (the weight cache), or once per microbatch for each orientation
+(without it). Ceilings: bf16 layer time over the layer with FP8 GEMMs and that quantization;
+"free" with no quantization at all (what quantization fused into producers and GEMM prologues
+approaches).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+
+# model: (experts E, routed rows M per microbatch, microbatches, w1/w3 fused (K, N), w2 (K, N))
+MODELS = {
+    "qwen3_30b": (128, 4 * 2048 * 8, 4, (2048, 1536), (768, 2048)),
+    "titan_qwen3_30b": (128, 4 * 2048 * 8, 4, (2048, 1536), (768, 2048)),
+    "mixtral_8x7b": (8, 2 * 4096 * 2, 4, (4096, 28672), (14336, 4096)),
+    "dsv3_ep8_slice": (32, 2 * 4096 * 8, 4, (7168, 4096), (2048, 7168)),
+}
+
+
+def _rate(rates: list[dict], role: str, E: int, rows: int, K: int, N: int) -> tuple[float, float, int]:
+    """(bf16, best FP8) TFLOP/s of one GEMM, and the rows per group the table measured it at (the
+    nearest at or below `rows`: fewer rows per group run no faster)."""
+    hits = [r for r in rates if r["role"] == role and (r["K"], r["N"]) == (K, N) and r["rows_per_group"] <= rows]
+    if not hits:
+        raise KeyError((role, K, N))
+    r = max(hits, key=lambda r: r["rows_per_group"])
+    return r["bf16_tflops"], max(v for k, v in r.items() if k.startswith("fp8_")), r["rows_per_group"]
+
+
+def ceiling(model: str, rates: list[dict], layer_ms: float, copy_tbps: float) -> dict:
+    E, M, mb, w13, w2 = MODELS[model]
+    bf16_ms = fp8_ms = 0.0
+    measured_at = set()
+    act_bytes = 0.0
+    weight_elems = 0
+    for K, N in (w13, w2):
+        flops = 2 * M * K * N * mb
+        # forward (K, N), input gradient (N, K), weight gradient (K, N), as the rate table lists them
+        for role, k, n in (("forward", K, N), ("dgrad", N, K), ("wgrad", K, N)):
+            bf16, fp8, rows = _rate(rates, role, E, M // E, k, n)
+            bf16_ms += flops / bf16 / 1e9
+            fp8_ms += flops / fp8 / 1e9
+            measured_at.add(rows)
+        # the GEMM's input (M x K) and output gradient (M x N): rows (3 bytes per element), token
+        # groups (3, plus 2 for the amax read)
+        act_bytes += M * (K + N) * (3 + 5) * mb
+        weight_elems += E * K * N
+    quant_cached_ms = (act_bytes + weight_elems * 4) / copy_tbps / 1e9
+    quant_uncached_ms = (act_bytes + weight_elems * 6 * mb) / copy_tbps / 1e9
+    rest = layer_ms - bf16_ms
+    return dict(model=model, layer_ms=layer_ms, bf16_gemm_ms=bf16_ms, fp8_gemm_ms=fp8_ms,
+                rates_at_rows_per_group=sorted(measured_at), quant_cached_ms=quant_cached_ms,
+                quant_uncached_ms=quant_uncached_ms, ceiling_free=layer_ms / (rest + fp8_ms),
+                ceiling_cached=layer_ms / (rest + fp8_ms + quant_cached_ms),
+                ceiling_uncached=layer_ms / (rest + fp8_ms + quant_uncached_ms))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    results = pathlib.Path("benchmarks/results")
+    p.add_argument("--rates", type=pathlib.Path, default=results / "grouped_gemm_rates_h200.json")
+    p.add_argument("--models", type=pathlib.Path, default=results / "models_h200.json")
+    p.add_argument("--copy-tbps", type=float, default=4.15, help="the GPU's copy rate, TB/s")
+    args = p.parse_args()
+    rates = json.loads(args.rates.read_text())["rows"]
+    layers = {r["model"]: r["layer_ms"] for r in json.loads(args.models.read_text())["rows"] if r["variant"] == "bf16"}
+    print("| model | bf16 layer ms | expert GEMMs bf16 / FP8 ms | quantization ms, cache / none | "
+          "ceiling: free / cache / none |")
+    print("|---|---|---|---|---|")
+    for model in MODELS:
+        if model not in layers:
+            continue
+        c = ceiling(model, rates, layers[model], args.copy_tbps)
+        print(f"| {model} | {c['layer_ms']:.1f} | {c['bf16_gemm_ms']:.1f} / {c['fp8_gemm_ms']:.1f} | "
+              f"{c['quant_cached_ms']:.1f} / {c['quant_uncached_ms']:.1f} | {c['ceiling_free']:.3f}x / "
+              f"{c['ceiling_cached']:.3f}x / {c['ceiling_uncached']:.3f}x |")
+
+
+if __name__ == "__main__":
+    main()
