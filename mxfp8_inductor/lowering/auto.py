@@ -22,7 +22,7 @@ from typing import NamedTuple
 import torch
 
 from ..eligibility import MULTIPLE_OF
-from ..registry import has_fp8_grouped_mm, has_mxfp8_mma
+from ..registry import Gemm, has_fp8_grouped_mm, has_mxfp8_mma
 from . import measure
 
 ROLES = ("forward", "input-grad", "weight-grad")
@@ -34,10 +34,14 @@ CALIBRATED_ON = "H200"  # the GPU _DATA was measured on; every choice's reason n
 
 
 class Plan(NamedTuple):
-    """One recipe per GEMM (forward, input gradient, weight gradient) and why."""
+    """What each GEMM (forward, input gradient, weight gradient) runs, and why."""
 
-    recipes: tuple[str, str, str]
+    recipes: tuple[Gemm, Gemm, Gemm]
     reasons: tuple[str, str, str]
+
+    def op_args(self) -> tuple[str, str, str]:
+        """The three as the ops take them (plain strings, which graphs print as literals)."""
+        return tuple(g.value for g in self.recipes)
 
 
 _ROW_KEYS = frozenset({"K", "N", "role", "recipe", "tokens", "ratio"})
@@ -113,7 +117,7 @@ def _measured(M: int, K: int, N: int, E: int, dense: bool, device: torch.device,
     unit = "rows" if dense else "tokens per group"
     names = [r for r in measure.candidates(device, K, N, None if dense else tokens) if _fits(r, K, N)]
     if names == ["bf16"]:
-        return Plan(("bf16",) * 3, (f"bf16: no FP8 recipe multiplies in FP8 on {measure.device_name(device)} "
+        return Plan((Gemm.BF16,) * 3, (f"bf16: no FP8 recipe multiplies in FP8 on {measure.device_name(device)} "
                                     "at this shape",) * 3)
     where = f"at {tokens:.0f} {unit}, timed on {measure.device_name(device)}"
     recipes, reasons = [], []
@@ -122,7 +126,7 @@ def _measured(M: int, K: int, N: int, E: int, dense: bool, device: torch.device,
         best = min(ms, key=ms.get)
         best = best if ms[best] < (1 - MARGIN) * ms["bf16"] else "bf16"
         shown = ", ".join(f"{r} {t:.3f} ms" for r, t in ms.items())
-        recipes.append(best)
+        recipes.append(Gemm(best))
         reasons.append(f"{best}: {shown} {where}" if best == "bf16" else
                        f"{best} {ms['bf16'] / ms[best]:.2f}x bf16 ({shown}) {where}")
     return Plan(tuple(recipes), tuple(reasons))
@@ -133,8 +137,9 @@ def _auto(M: int | None, K: int, N: int, E: int, dense: bool, device: torch.devi
     timed = autotune and measure.measurable(device)
     if M is None:  # left to the op, which picks per call from its shapes (lowering/ops.py)
         if timed:
-            return Plan(("measure",) * 3, ("token count dynamic at compile time: timed per call's token count",) * 3)
-        return Plan(("auto",) * 3, ("token count dynamic at compile time: chosen per call by its own",) * 3)
+            return Plan((Gemm.PER_CALL_TIMED,) * 3,
+                        ("token count dynamic at compile time: timed per call's token count",) * 3)
+        return Plan((Gemm.PER_CALL,) * 3, ("token count dynamic at compile time: chosen per call by its own",) * 3)
     if timed:
         return _measured(M, K, N, E, dense, device, rounding, cached)
     tokens = M if dense else M / max(E, 1)
@@ -145,10 +150,10 @@ def _auto(M: int | None, K: int, N: int, E: int, dense: bool, device: torch.devi
         best = min(costs, key=costs.get, default=None)
         unit = "rows" if dense else "tokens per group"
         if best is not None and costs[best] < 1 - MARGIN:
-            recipes.append(best)
+            recipes.append(Gemm(best))
             reasons.append(f"{best} {1 / costs[best]:.2f}x bf16 at {tokens:.0f} {unit} ({CALIBRATED_ON} table)")
         else:
-            recipes.append("bf16")
+            recipes.append(Gemm.BF16)
             shown = ", ".join(f"{r} {1 / c:.2f}x" for r, c in costs.items()) or "no FP8 recipe fits"
             reasons.append(f"bf16: {shown} at {tokens:.0f} {unit} ({CALIBRATED_ON} table)")
     return Plan(tuple(recipes), tuple(reasons))
@@ -172,20 +177,20 @@ def plan_for(recipe: str, wgrad: str, *, M: int | None, K: int, N: int, E: int, 
     """The recipe of each GEMM of one site: `recipe` for all three (the weight gradient in bf16
     with wgrad="bf16"), or with "auto" the choice for M token rows on `device`. With `autotune`
     on a CUDA GPU: each role timed there (`measure.times`, in `rounding`, the weight's quantization
-    reused if `cached`); M None (dynamic or unknown at compile time) gives "measure", timed by the
+    reused if `cached`); M None (dynamic or unknown at compile time) gives PER_CALL_TIMED, timed by the
     op per call's token count. Otherwise the H200 cost model (M None: "auto", chosen per call by
     the op), except that compute capability 10.x takes native MXFP8 (not calibrated here) and other
     GPUs (ROCm ones included) bf16."""
     timed = recipe == "auto" and autotune and measure.measurable(device)
     fixed = _fixed_recipe(device) if recipe == "auto" and not timed else None
     if fixed == "mxfp8" and _fits("mxfp8", K, N):
-        plan = Plan(("mxfp8",) * 3, ("compute capability 10.x: native MXFP8 (the cost model is Hopper's)",) * 3)
+        plan = Plan((Gemm.MXFP8,) * 3, ("compute capability 10.x: native MXFP8 (the cost model is Hopper's)",) * 3)
     elif fixed is not None:
-        plan = Plan(("bf16",) * 3, ("no calibrated FP8 GEMM on this GPU",) * 3)
+        plan = Plan((Gemm.BF16,) * 3, ("no calibrated FP8 GEMM on this GPU",) * 3)
     elif recipe == "auto":
         plan = _auto(M, K, N, E, dense, device, autotune, rounding, cached)
     else:
-        plan = Plan((recipe,) * 3, (recipe,) * 3)
+        plan = Plan((Gemm(recipe),) * 3, (recipe,) * 3)
     if wgrad == "bf16":
-        plan = Plan((*plan.recipes[:2], "bf16"), (*plan.reasons[:2], "wgrad='bf16'"))
+        plan = Plan((*plan.recipes[:2], Gemm.BF16), (*plan.reasons[:2], "wgrad='bf16'"))
     return plan

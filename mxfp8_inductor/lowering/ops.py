@@ -20,39 +20,37 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ..eligibility import check_grouped_mm_args, check_linear_args
 from ..kernels import shared_weight as shared_weight_rounding
+from ..registry import DEFERRED, Gemm
 from . import auto, bf16, measure, mxfp8, rowwise
 from .auto import plan_for
 from .library import LIB
 from .recipe import Recipe
 
-RECIPES: dict[str, Recipe] = {"mxfp8": mxfp8, "fp8_rowwise": rowwise, "bf16": bf16}
+RECIPES: dict[Gemm, Recipe] = {Gemm.MXFP8: mxfp8, Gemm.FP8_ROWWISE: rowwise, Gemm.BF16: bf16}
 
 
 def _result(out, like: torch.Tensor):
     return out if out is NotImplemented else out.to(like.dtype)
 
 
-# the choices a site leaves to run time (its token count was dynamic when it compiled): "auto"
-# from the H200 cost model, "measure" timed on the device (lowering/measure.py)
-DEFERRED = ("auto", "measure")
 # run-time choices per (M, K, N, E, dense, device, ...), with the calibration they were read from
 # (a test may swap it): a plan costs tens of microseconds, a lookup well under one
-_CHOICES: dict[tuple, tuple[dict, tuple[str, str, str]]] = {}
+_CHOICES: dict[tuple, tuple[dict, tuple[Gemm, Gemm, Gemm]]] = {}
 _MAX_CHOICES = 4096  # token counts vary per step under expert parallelism: start over past this
 
 
 def _timed_rows(M: int, E: int) -> int:
-    """The token count "measure" times for M rows in E groups: tokens per group rounded to a power
+    """The token count a choice timed per call times for M rows in E groups: tokens per group rounded to a power
     of two, so that each bucket is timed once however the count varies from step to step."""
     per_group = max(M / max(E, 1), 1.0)
     return max(E, 1) << round(math.log2(per_group))
 
 
-def _choice(deferred: str, role: int, M: int, K: int, N: int, E: int, dense: bool, device: torch.device,
-            rounding: str, cached: bool) -> str:
+def _choice(deferred: Gemm, role: int, M: int, K: int, N: int, E: int, dense: bool, device: torch.device,
+            rounding: str, cached: bool) -> Gemm:
     """A choice the pass left to run time, made per call from this call's shapes, as the eager op
-    makes it: from the cost model ("auto"), or timed on the device ("measure")."""
-    timed = deferred == "measure" and measure.measurable(device)
+    makes it: from the cost model (PER_CALL), or timed on the device (PER_CALL_TIMED)."""
+    timed = deferred == Gemm.PER_CALL_TIMED and measure.measurable(device)
     if timed:
         M = _timed_rows(M, E)
     key, calibration = (M, K, N, E, dense, device, timed, rounding, cached), auto.table()
@@ -68,13 +66,15 @@ def _choice(deferred: str, role: int, M: int, K: int, N: int, E: int, dense: boo
 
 def _gemm(method: str, recipe: str, role: int, like: torch.Tensor, MKNE: tuple[int, int, int, int], *args,
           rounding: str, cached: bool = False, decomposing: bool):
-    """`RECIPES[recipe].<method>(*args, decomposing)` in `like`'s dtype; a choice deferred to run
-    time is made for this call's M, K, N, E, and declines to decompose (Inductor keeps the op)."""
-    if recipe in DEFERRED:
+    """`RECIPES[recipe].<method>(*args, decomposing)` in `like`'s dtype (`recipe` a `Gemm` value);
+    a choice deferred to run time is made for this call's M, K, N, E, and declines to decompose
+    (Inductor keeps the op)."""
+    gemm = Gemm(recipe)  # ValueError naming the value and the valid ones for anything else
+    if gemm in DEFERRED:
         if decomposing:
             return NotImplemented
-        recipe = _choice(recipe, role, *MKNE, method.startswith("dense"), like.device, rounding, cached)
-    return _result(getattr(RECIPES[recipe], method)(*args, decomposing), like)
+        gemm = _choice(gemm, role, *MKNE, method.startswith("dense"), like.device, rounding, cached)
+    return _result(getattr(RECIPES[gemm], method)(*args, decomposing), like)
 
 
 def _weight(b: torch.Tensor, recipe: str, rounding: str, shared_weight: bool) -> torch.Tensor:
@@ -168,7 +168,7 @@ def _backward(ctx, grad):
     if ctx.needs_input_grad[1]:
         # the weight gradient is symmetric in its operands: compute it in the weight's own
         # layout (b is usually a transposed view of [E, N, K]), which saves a transposing copy
-        swap = b.stride(-2) == 1 and ctx.wgrad not in DEFERRED
+        swap = b.stride(-2) == 1 and Gemm(ctx.wgrad) not in DEFERRED
         x, y = (grad, a) if swap else (a, grad)
         db = grouped_mm_wgrad_op(y, x, offs, ctx.wgrad, ctx.rounding)
         db = (db.transpose(-2, -1) if swap else db).to(b.dtype)
@@ -312,7 +312,7 @@ def grouped_mm(
     check_grouped_mm_args(a, b, offs, recipe, rounding, wgrad)
     plan = plan_for(recipe, wgrad, M=a.shape[0], K=b.shape[-2], N=b.shape[-1], E=b.shape[0], dense=False,
                     device=a.device, autotune=autotune, rounding=rounding, cached=weight_cache)
-    return grouped_mm_op(a, b, offs, *plan.recipes, rounding, parameter_of(b) if weight_cache else None)
+    return grouped_mm_op(a, b, offs, *plan.op_args(), rounding, parameter_of(b) if weight_cache else None)
 
 
 def linear(
@@ -332,7 +332,7 @@ def linear(
     check_linear_args(x, w, bias, recipe, rounding, wgrad)
     plan = plan_for(recipe, wgrad, M=x.numel() // x.shape[-1], K=w.shape[1], N=w.shape[0], E=1, dense=True,
                     device=x.device, autotune=autotune, rounding=rounding, cached=weight_cache)
-    return linear_body(x, w, bias, *plan.recipes, rounding, parameter_of(w) if weight_cache else None)
+    return linear_body(x, w, bias, *plan.op_args(), rounding, parameter_of(w) if weight_cache else None)
 
 
 def linear_body(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, forward: str, dgrad: str, wgrad: str,

@@ -54,8 +54,8 @@ class SiteReport:
     action: str  # "rewritten", "excluded", "skipped", "kept bf16" or "not computed"
     reason: str
     node: str
-    # what the GEMM runs in: "mxfp8", "fp8_rowwise", "bf16", "auto" or "measure" (chosen per call),
-    # "-" (not run)
+    # what the GEMM runs in: a `registry.Gemm` value ("mxfp8", "fp8_rowwise", "bf16", or chosen
+    # per call: "per_call", "per_call_timed"), or "-" (not run)
     recipe: str
 
 
@@ -127,7 +127,7 @@ def _rows(site: Site, node_name: str, action: str, reason: str, config: MXFP8Con
         elif action == "rewritten" and role != "weight-grad" and config.fsdp_fp8_all_gather and not site.dense:
             block = SHARED_BLOCK[config.recipe]
             why = f"{reason}; weight rounded once for both its GEMMs ({block}, fsdp_fp8_all_gather)"
-        recipe = site_plan.recipes[i] if act == "rewritten" else "-" if act == "not computed" else "bf16"
+        recipe = site_plan.recipes[i].value if act == "rewritten" else "-" if act == "not computed" else "bf16"
         rows.append(SiteReport(site.module_fqn, site.weight_fqn, role, act, why, node_name, recipe))
     return rows
 
@@ -200,7 +200,7 @@ def rewrite(gm: torch.fx.GraphModule, config: MXFP8Config | None) -> list[SiteRe
         if site_plan is None or site_plan.recipes == ("bf16",) * 3:  # auto may find FP8 slower for all three
             site.node.meta[DECIDED] = True
         else:
-            name = _replace(site, cfg, site_plan.recipes, replaced)
+            name = _replace(site, cfg, site_plan.op_args(), replaced)
             touched[id(site.gm)] = site.gm
         rows += _rows(site, name, action, reason, cfg, site_plan)
     for module in touched.values():

@@ -53,7 +53,7 @@ def test_each_role_takes_fp8_only_where_it_is_faster_by_the_margin(table):
     assert "fp8_rowwise 1.02x" in plan.reasons[1] and "mxfp8 0.67x" in plan.reasons[1]
     assert auto.plan_for("auto", "bf16", M=256, K=64, N=128, E=8, dense=False).reasons[2] == "wgrad='bf16'"
     unknown = auto.plan_for("auto", "quantized", M=None, K=64, N=128, E=8, dense=False)
-    assert unknown.recipes == ("auto",) * 3 and "chosen per call" in unknown.reasons[0]
+    assert unknown.recipes == ("per_call",) * 3 and "chosen per call" in unknown.reasons[0]
     # mxfp8 needs K and N in blocks of 32: a K of 48 leaves fp8_rowwise only
     table(1.5, 1.5, 1.5)
     assert "mxfp8" not in auto.plan_for("auto", "quantized", M=256, K=48, N=128, E=8, dense=False).reasons[0]
@@ -173,8 +173,8 @@ def test_a_dynamic_token_count_is_chosen_per_call(monkeypatch):
     x = torch.randn(8, 64, dtype=torch.bfloat16, requires_grad=True)
     torch._dynamo.mark_dynamic(x, 0)
     report = mx.explain(model, x, torch.arange(1, 5, dtype=torch.int32) * 2, options={"recipe": "auto"})
-    assert "'auto', 'auto', 'auto'" in "".join(report.graphs)
-    assert {(s.recipe, s.action) for s in report.sites} == {("auto", "rewritten")}
+    assert "'per_call', 'per_call', 'per_call'" in "".join(report.graphs)
+    assert {(s.recipe, s.action) for s in report.sites} == {("per_call", "rewritten")}
     assert all("token count dynamic at compile time: chosen per call" in s.reason for s in report.sites)
 
 
@@ -249,7 +249,7 @@ def test_measured_times_are_kept_on_disk_per_gemm_and_weight_cache(timed, tmp_pa
 
 
 def test_autotune_reports_times_in_explain_and_defers_a_dynamic_token_count(timed):
-    """The report shows the measured times; a dynamic token count leaves "measure" to the op, which
+    """The report shows the measured times; a dynamic token count leaves the choice to the op, which
     times the call's tokens per group rounded to a power of two once per bucket."""
     timed([1.0, 0.5, 1.0, 2.0, 1.0, 2.0] * 3)  # per distinct GEMM shape
     report, code = _explain_auto()
@@ -260,13 +260,13 @@ def test_autotune_reports_times_in_explain_and_defers_a_dynamic_token_count(time
     x = torch.randn(8, 64, dtype=torch.bfloat16, requires_grad=True)
     torch._dynamo.mark_dynamic(x, 0)
     report = mx.explain(model, x, torch.arange(1, 5, dtype=torch.int32) * 2, options={"recipe": "auto"})
-    assert "'measure', 'measure', 'measure'" in "".join(report.graphs)
+    assert "'per_call_timed', 'per_call_timed', 'per_call_timed'" in "".join(report.graphs)
     bench = timed([1.0, 0.5, 1.0, 2.0, 1.0, 2.0])
     w = model.w.detach()
     for M in (96, 100):  # 24 and 25 tokens per group: both timed at 32, once
         x = torch.randn(M, 64, dtype=torch.bfloat16)
         offs = torch.tensor([M // 4, M // 2, 3 * M // 4, M], dtype=torch.int32)
-        got = torch.ops.mxfp8.grouped_mm(x, w.transpose(-2, -1), offs, "measure", "measure", "measure", "rceil", None)
+        got = torch.ops.mxfp8.grouped_mm(x, w.transpose(-2, -1), offs, *("per_call_timed",) * 3, "rceil", None)
         want = mx.grouped_mm(x, w.transpose(-2, -1), offs, recipe="fp8_rowwise")
         assert torch.equal(got, want)
     assert bench.shapes[:2] == [(128, 128)] * 2 and len(bench.shapes) == 6
@@ -281,3 +281,12 @@ def test_only_recipes_that_multiply_in_fp8_are_timed(monkeypatch, major, timed):
     monkeypatch.setattr(registry, "_cuda_major", lambda device: major if device.type == "cuda" else None)
     assert measure.candidates(torch.device("cuda"), 2048, 2048, 512.0) == timed
     assert measure.candidates(CPU, 2048, 2048, 512.0) == ["bf16"]
+
+
+def test_an_op_given_an_unknown_gemm_implementation_names_the_valid_ones():
+    """The user's recipe "auto" is not something one GEMM runs: the op refuses it, naming what it takes."""
+    x, w = torch.randn(8, 64, dtype=torch.bfloat16), torch.randn(4, 128, 64, dtype=torch.bfloat16)
+    offs = torch.arange(1, 5, dtype=torch.int32) * 2
+    with pytest.raises(ValueError, match=r"unknown GEMM implementation 'auto': expected one of \['bf16', 'mxfp8', "
+                                         r"'fp8_rowwise', 'per_call', 'per_call_timed'\]"):
+        torch.ops.mxfp8.grouped_mm(x, w.transpose(-2, -1), offs, "auto", "bf16", "bf16", "rceil", None)
