@@ -122,7 +122,6 @@ def gemm_rows(shape: str) -> list[dict]:
     E, D, F = SHAPES[shape]
     counts = uneven_counts(E, TOKENS)
     rows = []
-    mx_lowering.FUSED = False  # `separate` runs the quantize-dequantize path
     for gemm, (K, N) in {"w13": (D, F), "w2": (F, D)}.items():
         for role, fns in _roles(E, K, N, counts).items():
             ms, configs = {}, {}
@@ -151,16 +150,12 @@ def block_rows(shape: str, rounds: int) -> list[dict]:
     steps, outs = {}, {}
     for name in ("bf16", "mxfp8_separate", "mxfp8_fused"):
         mod = copy.deepcopy(block)
-        # a class per variant: Dynamo reuses one compiled frame for instances of a class compiled
-        # with equal backend options, and FUSED is outside its guards
+        # a class per variant: each gets its own compiled frame
         mod.__class__ = type(f"{type(block).__name__}_{name}", (type(block),), {})
-        fn = torch.compile(mod) if name == "bf16" else torch.compile(mod, backend=mxfp8_backend,
-                                                                    options={"recipe": "mxfp8"})
+        options = {"recipe": "mxfp8", "mxfp8_fused": name == "mxfp8_fused"}
+        fn = torch.compile(mod) if name == "bf16" else torch.compile(mod, backend=mxfp8_backend, options=options)
 
-        def step(mod=mod, fn=fn, fused=name == "mxfp8_fused"):
-            # the flag is read where the op is decomposed (compile time, in the cache key) and
-            # where it runs opaque (every call)
-            mx_lowering.FUSED = fused
+        def step(mod=mod, fn=fn):
             x.grad = None
             for p in mod.parameters():
                 p.grad = None
@@ -170,7 +165,6 @@ def block_rows(shape: str, rounds: int) -> list[dict]:
         outs[name] = [x.grad.clone()] + [p.grad.clone() for p in mod.parameters()]
         steps[name] = step
     ms = interleaved(steps, rounds)
-    mx_lowering.FUSED = False
     rows = []
     for name in ("mxfp8_separate", "mxfp8_fused"):
         ratios = [b / t for b, t in zip(ms["bf16"], ms[name])]

@@ -32,7 +32,7 @@ def _sources() -> tuple[str, ...]:
 
 
 def _uuid(config_key: str) -> str:
-    flags = f"fused={mx_lowering.FUSED};slice={mx_lowering.WEIGHT_SLICE_BYTES}"  # settable at run time
+    flags = f"slice={mx_lowering.WEIGHT_SLICE_BYTES}"  # settable at run time
     return get_hash_for_files(_sources(), f"{config_key};{flags}").hex()
 
 

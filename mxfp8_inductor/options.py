@@ -76,6 +76,9 @@ class MXFP8Config:
     weight_cache: reuse each weight's FP8 operands (fp8_rowwise and native MXFP8) across GEMMs and
       microbatches until the parameter changes or an optimizer steps; off by default: it holds
       them for the whole model until the step (docs/design.md, "Weight cache").
+    mxfp8_fused: mxfp8's grouped GEMMs on CUDA GPUs in Triton kernels that round their bf16
+      operands as they load them, instead of separate quantizers; opt-in, slower than the
+      separate path on the H200 (docs/performance.md, "Fused grouped GEMMs").
     fsdp_fp8_all_gather: under FSDP2, all-gather the marked experts' weights in FP8 (about half
       of bf16's bytes). Each expert weight is then rounded once for both of its GEMMs (32x32
       tiles for mxfp8, the whole matrix for fp8_rowwise; docs/design.md, "Shared weight scales"),
@@ -95,6 +98,7 @@ class MXFP8Config:
     dense_min_dim: int = DENSE_MIN_DIM
     weight_cache: bool = False
     autotune: bool = True
+    mxfp8_fused: bool = False
     fsdp_fp8_all_gather: bool = False
     filter_fn: Callable[[Any, str], bool] | None = None
 
@@ -106,7 +110,7 @@ class MXFP8Config:
         # bool is an int subclass: dense_min_dim=True would read as 1
         if type(self.dense_min_dim) is not int or self.dense_min_dim < 0:
             raise ValueError(f"dense_min_dim must be a non-negative int, got {self.dense_min_dim!r}")
-        for field in ("weight_cache", "autotune", "fsdp_fp8_all_gather"):
+        for field in ("weight_cache", "autotune", "mxfp8_fused", "fsdp_fp8_all_gather"):
             if type(getattr(self, field)) is not bool:
                 raise ValueError(f"{field} must be True or False, got {getattr(self, field)!r}")
         if self.fsdp_fp8_all_gather:

@@ -21,9 +21,15 @@ class Gemm(str, enum.Enum):
 
     BF16 = "bf16"
     MXFP8 = "mxfp8"
+    MXFP8_FUSED = "mxfp8_fused"  # mxfp8's numbers in the fused GEMMs on CUDA GPUs (MXFP8Config.mxfp8_fused)
     FP8_ROWWISE = "fp8_rowwise"
     PER_CALL = "per_call"  # chosen per call from the H200 cost model (lowering/auto.py)
     PER_CALL_TIMED = "per_call_timed"  # chosen per call by timing on the GPU (lowering/measure.py)
+
+    @property
+    def numerics(self) -> str:
+        """The recipe whose numbers the GEMM computes: its own value, mxfp8's for MXFP8_FUSED."""
+        return Gemm.MXFP8.value if self is Gemm.MXFP8_FUSED else self.value
 
     @classmethod
     def _missing_(cls, value: object) -> None:

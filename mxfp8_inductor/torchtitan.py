@@ -80,6 +80,10 @@ class MXFP8InductorConverter(QuantizationConverter):
         """Reuse each weight's FP8 operands until its parameter changes or an optimizer steps (off by
         default: it holds them for the whole model until the step)."""
 
+        autotune: bool = MXFP8Config.autotune
+        """With recipe "auto", time each GEMM's candidates on the GPU (once per shape and machine);
+        False: the H200 cost model."""
+
         fsdp_fp8_all_gather: bool = MXFP8Config.fsdp_fp8_all_gather
         """Under FSDP2, all-gather expert weights in FP8, each rounded once for both of its GEMMs
         (recipe mxfp8 or fp8_rowwise; docs/design.md, "FSDP2: FP8 all-gather")."""
@@ -89,7 +93,8 @@ class MXFP8InductorConverter(QuantizationConverter):
         # raises ValueError naming a bad option value and the valid ones
         self.options = MXFP8Config(include=tuple(config.include), exclude=tuple(config.exclude),
                                    recipe=config.recipe, rounding=config.rounding, wgrad=config.wgrad,
-                                   weight_cache=config.weight_cache, fsdp_fp8_all_gather=config.fsdp_fp8_all_gather)
+                                   weight_cache=config.weight_cache, autotune=config.autotune,
+                                   fsdp_fp8_all_gather=config.fsdp_fp8_all_gather)
         if not config.model_compile_enabled:
             logger.warning("mxfp8_inductor rewrites grouped GEMMs inside torch.compile only: without "
                            "--compile.enable (and 'model' in --compile.components) the experts stay in bf16")

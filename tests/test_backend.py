@@ -252,14 +252,13 @@ def test_typed_config_and_inductor_patches_reach_every_entry_point():
 
 
 def test_cache_key_follows_the_settings_the_decomposition_reads(monkeypatch):
-    """Compiled graphs decompose the mxfp8 ops by lowering.mxfp8.FUSED and WEIGHT_SLICE_BYTES:
-    the FX-graph and AOTAutograd caches must not serve a graph made under other settings."""
+    """Compiled graphs decompose the mxfp8 ops by the options (mxfp8_fused among them) and by
+    lowering.mxfp8.WEIGHT_SLICE_BYTES: the FX-graph and AOTAutograd caches must not serve a graph
+    made under other settings."""
     from mxfp8_inductor import backend
     from mxfp8_inductor.lowering import mxfp8 as mx_lowering
 
-    monkeypatch.setattr(mx_lowering, "FUSED", False)
-    separate = backend._uuid("options")
-    monkeypatch.setattr(mx_lowering, "FUSED", True)
-    fused = backend._uuid("options")
+    separate = backend._uuid(mx.MXFP8Config().key())
+    fused = backend._uuid(mx.MXFP8Config(mxfp8_fused=True).key())
     monkeypatch.setattr(mx_lowering, "WEIGHT_SLICE_BYTES", 2**20)
-    assert len({separate, fused, backend._uuid("options")}) == 3
+    assert len({separate, fused, backend._uuid(mx.MXFP8Config().key())}) == 3

@@ -12,7 +12,7 @@ def test_weight_cache_is_opt_in():
     assert MXFP8Config(weight_cache=True).weight_cache is True
 
 
-@pytest.mark.parametrize("field", ["weight_cache", "autotune", "fsdp_fp8_all_gather"])
+@pytest.mark.parametrize("field", ["weight_cache", "autotune", "mxfp8_fused", "fsdp_fp8_all_gather"])
 @pytest.mark.parametrize("value", [None, 0, 1, "yes", 1.0])
 def test_switches_take_only_a_bool(field, value):
     with pytest.raises(ValueError, match=rf"{field} must be True or False, got {value!r}"):

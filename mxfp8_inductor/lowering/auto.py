@@ -173,14 +173,14 @@ def _fixed_recipe(device: torch.device | None) -> str | None:
 
 def plan_for(recipe: str, wgrad: str, *, M: int | None, K: int, N: int, E: int, dense: bool,
              device: torch.device | None = None, autotune: bool = False, rounding: str = "rceil",
-             cached: bool = False) -> Plan:
+             cached: bool = False, mxfp8_fused: bool = False) -> Plan:
     """The recipe of each GEMM of one site: `recipe` for all three (the weight gradient in bf16
     with wgrad="bf16"), or with "auto" the choice for M token rows on `device`. With `autotune`
     on a CUDA GPU: each role timed there (`measure.times`, in `rounding`, the weight's quantization
     reused if `cached`); M None (dynamic or unknown at compile time) gives PER_CALL_TIMED, timed by the
     op per call's token count. Otherwise the H200 cost model (M None: "auto", chosen per call by
     the op), except that compute capability 10.x takes native MXFP8 (not calibrated here) and other
-    GPUs (ROCm ones included) bf16."""
+    GPUs (ROCm ones included) bf16. `mxfp8_fused`: mxfp8 GEMMs run in the fused kernels."""
     timed = recipe == "auto" and autotune and measure.measurable(device)
     fixed = _fixed_recipe(device) if recipe == "auto" and not timed else None
     if fixed == "mxfp8" and _fits("mxfp8", K, N):
@@ -193,4 +193,6 @@ def plan_for(recipe: str, wgrad: str, *, M: int | None, K: int, N: int, E: int, 
         plan = Plan((Gemm(recipe),) * 3, (recipe,) * 3)
     if wgrad == "bf16":
         plan = Plan((*plan.recipes[:2], Gemm.BF16), (*plan.reasons[:2], "wgrad='bf16'"))
+    if mxfp8_fused:
+        plan = Plan(tuple(Gemm.MXFP8_FUSED if g is Gemm.MXFP8 else g for g in plan.recipes), plan.reasons)
     return plan

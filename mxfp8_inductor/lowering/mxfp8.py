@@ -3,7 +3,8 @@
   native     compute capability 10.x, K and N multiples of 128: float8 operands + blocked e8m0
              scales into `torch._scaled_grouped_mm` (never on 9.x: that call corrupts the CUDA
              context there);
-  fused      any CUDA GPU, where FUSED: Triton grouped GEMMs that quantize their bf16 operands
+  fused      any CUDA GPU, with `fused` (the GEMM `registry.Gemm.MXFP8_FUSED`, opted into by
+             `MXFP8Config.mxfp8_fused`): Triton grouped GEMMs that quantize their bf16 operands
              in registers as they load them (`kernels/triton_mx_gemm.py`), into the MXFP8 MMA
              (`tl.dot_scaled`) on 10.x and a bf16 dot of the MXFP8 values elsewhere;
   emulated   other CUDA GPUs: Triton quantize-dequantize (exact MXFP8 values, which bf16 holds
@@ -21,15 +22,12 @@ from ..registry import Route, has_mxfp8_mma, route
 from . import weights
 from .library import OUT_DTYPE, define, like
 
-# The fused kernels are slower than the separate path on the H200 (docs/performance.md, "Fused
-# grouped GEMMs") and unmeasured on 10.x: opt-in, for GPUs and Triton versions where they win.
-# Part of the compile caches' key (backend.py).
-FUSED = False
 
-
-def gemm_path(device: torch.device, K: int, N: int) -> Route:
-    """Which implementation runs a GEMM with contraction K and output width N (`registry.route`)."""
-    return route("mxfp8", device, K, N, fused=FUSED)
+def gemm_path(device: torch.device, K: int, N: int, fused: bool = False) -> Route:
+    """Which implementation runs a GEMM with contraction K and output width N (`registry.route`).
+    The fused kernels are slower than the separate path on the H200 (docs/performance.md, "Fused
+    grouped GEMMs") and unmeasured on 10.x: opt-in, for GPUs and Triton versions where they win."""
+    return route("mxfp8", device, K, N, fused=fused)
 
 
 # --------------------------------------------------------------------------------------------
@@ -149,9 +147,9 @@ def _weight_gemm(x_MC, b_EKN, offs, rounding, dgrad):
 # The three GEMMs (see lowering/ops.py for the common interface)
 
 
-def forward(a_MK, b_EKN, offs, rounding, param, decomposing):
+def forward(a_MK, b_EKN, offs, rounding, param, decomposing, fused=False):
     K, N = b_EKN.shape[-2:]
-    path = gemm_path(a_MK.device, K, N)
+    path = gemm_path(a_MK.device, K, N, fused)
     if path == Route.MXFP8_NATIVE:
         if decomposing:  # keep the op: its native path is not decomposed
             return NotImplemented
@@ -161,9 +159,9 @@ def forward(a_MK, b_EKN, offs, rounding, param, decomposing):
     return _weight_gemm(a_MK, b_EKN, offs, rounding, dgrad=False)
 
 
-def dgrad(grad_MN, b_EKN, offs, rounding, param, decomposing):
+def dgrad(grad_MN, b_EKN, offs, rounding, param, decomposing, fused=False):
     K, N = b_EKN.shape[-2:]
-    path = gemm_path(grad_MN.device, N, K)
+    path = gemm_path(grad_MN.device, N, K, fused)
     if path == Route.MXFP8_NATIVE:
         if decomposing:
             return NotImplemented
@@ -174,9 +172,9 @@ def dgrad(grad_MN, b_EKN, offs, rounding, param, decomposing):
     return _weight_gemm(grad_MN, b_EKN, offs, rounding, dgrad=True)
 
 
-def wgrad(grad_MN, a_MK, offs, rounding, decomposing):
+def wgrad(grad_MN, a_MK, offs, rounding, decomposing, fused=False):
     K, N = a_MK.shape[1], grad_MN.shape[1]
-    path = gemm_path(a_MK.device, K, N)
+    path = gemm_path(a_MK.device, K, N, fused)
     if path == Route.MXFP8_NATIVE:
         if decomposing:
             return NotImplemented

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import types
 
 import torch
 from torch.fx.experimental.symbolic_shapes import guard_or_false
@@ -26,7 +27,14 @@ from .auto import plan_for
 from .library import LIB
 from .recipe import Recipe
 
-RECIPES: dict[Gemm, Recipe] = {Gemm.MXFP8: mxfp8, Gemm.FP8_ROWWISE: rowwise, Gemm.BF16: bf16}
+_METHODS = ("forward", "dgrad", "wgrad", "dense_forward", "dense_dgrad", "dense_wgrad")
+# mxfp8's grouped GEMMs in the fused kernels (the dense ones have no fused form: they take the
+# separate path)
+_MXFP8_FUSED = types.SimpleNamespace(
+    **{m: functools.partial(getattr(mxfp8, m), fused=True) for m in _METHODS[:3]},
+    **{m: getattr(mxfp8, m) for m in _METHODS[3:]})
+RECIPES: dict[Gemm, Recipe] = {Gemm.MXFP8: mxfp8, Gemm.MXFP8_FUSED: _MXFP8_FUSED, Gemm.FP8_ROWWISE: rowwise,
+                               Gemm.BF16: bf16}
 
 
 def _result(out, like: torch.Tensor):
@@ -80,7 +88,7 @@ def _gemm(method: str, recipe: str, role: int, like: torch.Tensor, MKNE: tuple[i
 def _weight(b: torch.Tensor, recipe: str, rounding: str, shared_weight: bool) -> torch.Tensor:
     """The weight operand: with `shared_weight`, rounded once for both GEMMs (docs/design.md,
     "Shared weight scales"), in each GEMM anew rather than saved for the backward beside b."""
-    return shared_weight_rounding.quantize_dequantize(b, recipe, rounding) if shared_weight else b
+    return shared_weight_rounding.quantize_dequantize(b, Gemm(recipe).numerics, rounding) if shared_weight else b
 
 
 def _forward(a, b, offs, forward, dgrad, wgrad, rounding, param, shared_weight=False, *, decomposing=False):

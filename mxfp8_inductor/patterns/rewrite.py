@@ -75,7 +75,8 @@ def plan(site: Site, config: MXFP8Config) -> Plan:
     else:
         (E, K, N), M = b.shape, _static(a.shape[0])
     return plan_for(config.recipe, config.wgrad, M=M, K=K, N=N, E=E, dense=site.dense, device=b.device,
-                    autotune=config.autotune, rounding=config.rounding, cached=config.weight_cache)
+                    autotune=config.autotune, rounding=config.rounding, cached=config.weight_cache,
+                    mxfp8_fused=config.mxfp8_fused)
 
 
 def _replace(site: Site, config: MXFP8Config, recipes: tuple[str, str, str],

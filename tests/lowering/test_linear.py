@@ -74,7 +74,7 @@ def test_native_linear_runs_one_group_grouped_gemms_that_pass_torch_meta_checks(
         seen.append((tuple(out.shape), int(args[4][-1])))
         return torch.zeros(out.shape, dtype=out.dtype)
 
-    monkeypatch.setattr(mx_lowering, "gemm_path", lambda device, K, N: Route.MXFP8_NATIVE)
+    monkeypatch.setattr(mx_lowering, "gemm_path", lambda device, K, N, fused=False: Route.MXFP8_NATIVE)
     monkeypatch.setattr(mx_lowering, "_scaled_grouped_mm", checked)
     M, K, N = 2 * 37, 256, 384
     x = torch.randn(2, 37, K, dtype=torch.bfloat16, requires_grad=True)

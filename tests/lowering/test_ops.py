@@ -170,7 +170,7 @@ def test_fused_path_matches_reference_path(monkeypatch, transposed):
     equal up to the order of the fp32 sums (one bf16 rounding of the same products)."""
     a, w, b_of, offs, grad = _problem(8, K=64, N=96, transposed=transposed)
     expected = _run(mx.grouped_mm, a, w, b_of, offs, grad)
-    monkeypatch.setattr(mx_lowering, "gemm_path", lambda device, K, N: Route.MXFP8_FUSED)
+    monkeypatch.setattr(mx_lowering, "gemm_path", lambda device, K, N, fused=False: Route.MXFP8_FUSED)
     got = _run(mx.grouped_mm, a, w, b_of, offs, grad)
     L = int(offs[-1])
     for x, y in ((got[0][:L], expected[0][:L]), (got[1][:L], expected[1][:L]), (got[2], expected[2])):
@@ -372,12 +372,11 @@ def test_rowwise_triton_route_compiles_and_matches_the_emulation(monkeypatch, tr
 )
 @pytest.mark.parametrize("fused", [False, True])
 def test_gemm_path_by_capability(monkeypatch, capability, K, N, path, fused):
-    """FUSED (opt-in) puts the fused GEMMs on every CUDA GPU, ahead of the native path."""
+    """The fused GEMMs (opt-in) run on every CUDA GPU, ahead of the native path."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
-    monkeypatch.setattr(mx_lowering, "FUSED", fused)
     path = "fused" if fused else path
-    assert mx_lowering.gemm_path(torch.device("cuda"), K, N) == Route(f"mxfp8 {path}")
-    assert mx_lowering.gemm_path(torch.device("cpu"), K, N) == Route.MXFP8_REFERENCE
+    assert mx_lowering.gemm_path(torch.device("cuda"), K, N, fused) == Route(f"mxfp8 {path}")
+    assert mx_lowering.gemm_path(torch.device("cpu"), K, N, fused) == Route.MXFP8_REFERENCE
 
 
 @pytest.mark.parametrize("capability, fp8", [((9, 0), True), ((8, 9), False), ((10, 0), False), ((10, 3), False)])
@@ -448,3 +447,31 @@ def test_rocm_runs_no_native_or_fp8_grouped_gemm_whatever_capability_it_reports(
     cuda = torch.device("cuda")
     assert not registry.has_mxfp8_mma(cuda) and not registry.has_fp8_grouped_mm(cuda)
     assert mx_lowering.gemm_path(cuda, 256, 256) == Route.MXFP8_EMULATED
+
+
+def test_mxfp8_fused_option_reaches_each_grouped_gemm(monkeypatch):
+    """`mxfp8_fused=True` puts "mxfp8_fused" in the op for every GEMM, and the op asks the path
+    for the fused kernels in all three (the dense GEMMs have none); it computes mxfp8's numbers."""
+    from models import MoEModel
+
+    torch.manual_seed(0)
+    report = mx.explain(MoEModel(layers=1).bfloat16(), torch.randn(2, 8, 64, dtype=torch.bfloat16),
+                        options={"recipe": "mxfp8", "mxfp8_fused": True})
+    code = "".join(report.graphs)
+    assert code.count("'mxfp8_fused', 'mxfp8_fused', 'mxfp8_fused'") == 3 and "'mxfp8', " not in code
+    asked = []
+    path = mx_lowering.gemm_path
+    monkeypatch.setattr(mx_lowering, "gemm_path", lambda device, K, N, fused=False: (
+        asked.append(fused), path(device, K, N, fused))[1])
+    a = torch.randn(64, 64, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(4, 128, 64, dtype=torch.bfloat16, requires_grad=True)
+    offs = torch.tensor([16, 32, 48, 64], dtype=torch.int32)
+    outs = []
+    for gemm in ("mxfp8_fused", "mxfp8"):
+        out = torch.ops.mxfp8.grouped_mm(a, w.transpose(-2, -1), offs, gemm, gemm, gemm, "rceil", None)
+        out.float().square().sum().backward()
+        outs.append((out, a.grad, w.grad))
+        a.grad = w.grad = None
+    assert asked == [True] * 3 + [False] * 3
+    for x, y in zip(*outs):
+        assert_bitwise_equal(x, y)
