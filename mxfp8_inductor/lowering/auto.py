@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import torch
 
+from .._warn import warn
 from ..eligibility import MULTIPLE_OF
 from ..registry import Gemm, has_fp8_grouped_mm, has_mxfp8_mma
 from . import measure
@@ -141,7 +142,13 @@ def _auto(M: int | None, K: int, N: int, E: int, dense: bool, device: torch.devi
                         ("token count dynamic at compile time: timed per call's token count",) * 3)
         return Plan((Gemm.PER_CALL,) * 3, ("token count dynamic at compile time: chosen per call by its own",) * 3)
     if timed:
-        return _measured(M, K, N, E, dense, device, rounding, cached)
+        try:
+            return _measured(M, K, N, E, dense, device, rounding, cached)
+        except torch.OutOfMemoryError:
+            # the operands of the timing did not fit beside the model: choose without timing
+            warn(f"recipe='auto' could not time a GEMM of {M} x {K} x {N} on {measure.device_name(device)}: "
+                 f"out of GPU memory; chose from the {CALIBRATED_ON} cost model (autotune=False does so "
+                 "without trying)")
     tokens = M if dense else M / max(E, 1)
     recipes, reasons = [], []
     for role in ROLES:

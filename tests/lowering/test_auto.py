@@ -290,3 +290,18 @@ def test_an_op_given_an_unknown_gemm_implementation_names_the_valid_ones():
     with pytest.raises(ValueError, match=r"unknown GEMM implementation 'auto': expected one of \['bf16', 'mxfp8', "
                                          r"'mxfp8_fused', 'fp8_rowwise', 'per_call', 'per_call_timed'\]"):
         torch.ops.mxfp8.grouped_mm(x, w.transpose(-2, -1), offs, "auto", "bf16", "bf16", "rceil", None)
+
+
+def test_timing_out_of_gpu_memory_warns_and_chooses_from_the_cost_model(timed, table, monkeypatch):
+    from mxfp8_inductor.lowering import measure
+
+    table(0.5, 0.5, 2.0)
+
+    def oom(fn):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(measure, "_bench", oom)
+    with pytest.warns(UserWarning, match=r"could not time a GEMM of 64 x 64 x 128 on cpu: out of GPU memory; "
+                                         r"chose from the H200 cost model \(autotune=False"):
+        plan = auto.plan_for("auto", "quantized", M=64, K=64, N=128, E=4, dense=False, device=CPU, autotune=True)
+    assert plan.recipes == ("fp8_rowwise", "fp8_rowwise", "bf16") and plan.reasons[0].endswith("(H200 table)")
