@@ -305,3 +305,18 @@ def test_timing_out_of_gpu_memory_warns_and_chooses_from_the_cost_model(timed, t
                                          r"chose from the H200 cost model \(autotune=False"):
         plan = auto.plan_for("auto", "quantized", M=64, K=64, N=128, E=4, dense=False, device=CPU, autotune=True)
     assert plan.recipes == ("fp8_rowwise", "fp8_rowwise", "bf16") and plan.reasons[0].endswith("(H200 table)")
+
+
+def test_each_gpu_keeps_its_own_times(timed, monkeypatch):
+    """Times measured on one GPU model never answer for another (an H100 and an H200 each time)."""
+    from mxfp8_inductor.lowering import measure
+
+    kw = dict(M=64, K=64, N=128, E=4, dense=False, device=CPU, autotune=True)
+    for name, ms in (("GPU A", [1.0, 0.5] * 3), ("GPU B", [1.0, 2.0] * 3), ("GPU A", [])):
+        monkeypatch.setattr(measure, "device_name", lambda device, name=name: name)
+        measure._device_key.cache_clear()
+        bench = timed(ms)
+        plan = auto.plan_for("auto", "quantized", **kw)
+        assert plan.recipes == (("fp8_rowwise",) * 3 if name == "GPU A" else ("bf16",) * 3)
+        assert len(bench.shapes) == len(ms) and plan.reasons[0].endswith(f"timed on {name}")
+    measure._device_key.cache_clear()
