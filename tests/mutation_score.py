@@ -126,6 +126,10 @@ MUTATIONS: tuple[Mutation, ...] = (
              "else ax.amax(dim, keepdim=True)",
              "else ax.amax(dim, keepdim=True) * 2",
              (ROWWISE, "-k", "scales_are_powers_of_two or floor_rounding")),
+    Mutation("triton_rows_ignore_the_leading_dim", "kernels/triton_rowwise.py",
+             "row = x_ptr + (r64 // A) * s0 + (r64 % A) * s1",
+             "row = x_ptr + r64 * s1",
+             (ROWWISE, "-k", "row_quantizer_is_bit_exact")),
     # (the reference's own clamp to +-448 is not a target: torch's float8_e4m3fn cast saturates as
     # well, so on CPU dropping it changes nothing; the interpreter's integer encoder needs its clamp)
     Mutation("e4m3_saturation_dropped", "kernels/triton_common.py",
