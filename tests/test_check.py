@@ -71,7 +71,7 @@ def test_fused_path_adds_no_error(monkeypatch):
     from mxfp8_inductor.lowering import mxfp8 as mx_lowering
     from mxfp8_inductor.registry import Route
 
-    monkeypatch.setattr(mx_lowering, "gemm_path", lambda device, K, N: Route.MXFP8_FUSED)
+    monkeypatch.setattr(mx_lowering, "gemm_path", lambda device, K, N, fused=False: Route.MXFP8_FUSED)
     calls = []
     for name in ("grouped_mm", "grouped_mm_wgrad"):
         kernel = getattr(triton_mx_gemm, name)
