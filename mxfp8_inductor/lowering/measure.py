@@ -26,9 +26,9 @@ import torch
 
 from .. import registry
 from .._version import __version__
-from . import bf16, mxfp8, rowwise
+from ..registry import Gemm
+from .recipe import RECIPES
 
-IMPLEMENTATIONS = {"bf16": bf16, "fp8_rowwise": rowwise, "mxfp8": mxfp8}
 ROLE_METHODS = {"forward": "forward", "input-grad": "dgrad", "weight-grad": "wgrad"}
 _lock = threading.Lock()
 _times: dict[str, float] | None = None  # the disk cache's content, loaded on first use
@@ -141,7 +141,7 @@ def _time(recipe: str, role: str, M: int, K: int, N: int, E: int, dense: bool, r
           device: torch.device) -> float:
     from torch.utils._python_dispatch import _disable_current_modes
 
-    method = getattr(IMPLEMENTATIONS[recipe], ("dense_" if dense else "") + ROLE_METHODS[role])
+    method = getattr(RECIPES[Gemm(recipe)], ("dense_" if dense else "") + ROLE_METHODS[role])
     # the pass runs while a graph is traced: real tensors, no fake or proxy modes, no autograd
     on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     with _disable_current_modes(), torch.no_grad(), on_device:

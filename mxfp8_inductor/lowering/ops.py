@@ -7,13 +7,12 @@ contraction (docs/design.md, "Numerics contract"):
   forward      a along K,        b along K
   input grad   dY along N,       b along N
   weight grad  dY and a along M, per token group
-A recipe is a module implementing `lowering/recipe.py`'s `Recipe`.
+Each GEMM runs an implementation of `lowering/recipe.py`'s `Recipe` (`recipe.RECIPES`).
 """
 from __future__ import annotations
 
 import functools
 import math
-import types
 
 import torch
 from torch.fx.experimental.symbolic_shapes import guard_or_false
@@ -22,19 +21,10 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from ..eligibility import check_grouped_mm_args, check_linear_args
 from ..kernels import shared_weight as shared_weight_rounding
 from ..registry import DEFERRED, Gemm
-from . import auto, bf16, measure, mxfp8, rowwise
+from . import auto, measure
 from .auto import plan_for
 from .library import LIB
-from .recipe import Recipe
-
-_METHODS = ("forward", "dgrad", "wgrad", "dense_forward", "dense_dgrad", "dense_wgrad")
-# mxfp8's grouped GEMMs in the fused kernels (the dense ones have no fused form: they take the
-# separate path)
-_MXFP8_FUSED = types.SimpleNamespace(
-    **{m: functools.partial(getattr(mxfp8, m), fused=True) for m in _METHODS[:3]},
-    **{m: getattr(mxfp8, m) for m in _METHODS[3:]})
-RECIPES: dict[Gemm, Recipe] = {Gemm.MXFP8: mxfp8, Gemm.MXFP8_FUSED: _MXFP8_FUSED, Gemm.FP8_ROWWISE: rowwise,
-                               Gemm.BF16: bf16}
+from .recipe import RECIPES
 
 
 def _result(out, like: torch.Tensor):

@@ -1,4 +1,5 @@
-"""What a recipe module provides: the three GEMMs of a grouped matmul and of a dense linear.
+"""What a recipe module provides: the three GEMMs of a grouped matmul and of a dense linear; and
+`RECIPES`, the implementation of each `registry.Gemm` that names one.
 
 Each returns the GEMM's result in bf16, or NotImplemented when `decomposing` (Inductor is
 decomposing the op) and the path must stay an opaque op. Operands are scaled along the GEMM's
@@ -9,9 +10,14 @@ None: quantized for this GEMM alone. `offs` holds the token groups' cumulative e
 
 from __future__ import annotations
 
+import functools
+import types
 from typing import Protocol
 
 import torch
+
+from ..registry import Gemm
+from . import bf16, mxfp8, rowwise
 
 
 class Recipe(Protocol):
@@ -38,3 +44,13 @@ class Recipe(Protocol):
     def dense_wgrad(self, grad_MN: torch.Tensor, x_MK: torch.Tensor, rounding: str,
                     decomposing: bool) -> torch.Tensor:
         """d w[N, K] = grad^T @ x: both along the tokens."""
+
+
+_METHODS = ("forward", "dgrad", "wgrad", "dense_forward", "dense_dgrad", "dense_wgrad")
+# mxfp8's grouped GEMMs in the fused kernels (the dense ones have no fused form: they take the
+# separate path)
+_MXFP8_FUSED = types.SimpleNamespace(
+    **{m: functools.partial(getattr(mxfp8, m), fused=True) for m in _METHODS[:3]},
+    **{m: getattr(mxfp8, m) for m in _METHODS[3:]})
+RECIPES: dict[Gemm, Recipe] = {Gemm.MXFP8: mxfp8, Gemm.MXFP8_FUSED: _MXFP8_FUSED, Gemm.FP8_ROWWISE: rowwise,
+                               Gemm.BF16: bf16}
