@@ -133,9 +133,8 @@ def _measured(M: int, K: int, N: int, E: int, dense: bool, device: torch.device,
     return Plan(tuple(recipes), tuple(reasons))
 
 
-def _auto(M: int | None, K: int, N: int, E: int, dense: bool, device: torch.device | None, autotune: bool,
+def _auto(M: int | None, K: int, N: int, E: int, dense: bool, device: torch.device | None, timed: bool,
           rounding: str, cached: bool) -> Plan:
-    timed = autotune and measure.measurable(device)
     if M is None:  # left to the op, which picks per call from its shapes (lowering/ops.py)
         if timed:
             return Plan((Gemm.PER_CALL_TIMED,) * 3,
@@ -195,7 +194,7 @@ def plan_for(recipe: str, wgrad: str, *, M: int | None, K: int, N: int, E: int, 
     elif fixed is not None:
         plan = Plan((Gemm.BF16,) * 3, ("no calibrated FP8 GEMM on this GPU",) * 3)
     elif recipe == "auto":
-        plan = _auto(M, K, N, E, dense, device, autotune, rounding, cached)
+        plan = _auto(M, K, N, E, dense, device, timed, rounding, cached)
     else:
         plan = Plan((Gemm(recipe),) * 3, (recipe,) * 3)
     if wgrad == "bf16":

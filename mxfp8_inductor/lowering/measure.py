@@ -123,18 +123,17 @@ def times(recipes: list[str], role: str, M: int, K: int, N: int, E: int, *, dens
           cached: bool, device: torch.device) -> dict[str, float]:
     """Milliseconds of one GEMM role in each of `recipes` (see `candidates`): M token rows (in E
     uniform groups unless `dense`), contraction K, output width N; `cached`: the weight cache is on."""
-    names = list(recipes)
     kind = "dense" if dense else "grouped"
     keys = {r: f"{_device_key(device)}|{kind}|{role}|{r}|M={M}|K={K}|N={N}|E={E}|{rounding}|cache={cached}"
-            for r in names}
+            for r in recipes}
     with _lock:
         known = _load()
-        missing = [r for r in names if keys[r] not in known]
+        missing = [r for r, key in keys.items() if key not in known]
         if missing:
             new = {keys[r]: _time(r, role, M, K, N, E, dense, rounding, cached, device) for r in missing}
             known.update(new)
             _save(new)
-        return {r: known[keys[r]] for r in names}
+        return {r: known[key] for r, key in keys.items()}
 
 
 def _time(recipe: str, role: str, M: int, K: int, N: int, E: int, dense: bool, rounding: str, cached: bool,

@@ -62,17 +62,22 @@ def _choice(deferred: Gemm, role: int, M: int, K: int, N: int, E: int, dense: bo
     return hit[1][role]
 
 
-def _gemm(method: str, recipe: str, role: int, like: torch.Tensor, MKNE: tuple[int, int, int, int], *args,
-          rounding: str, cached: bool = False, decomposing: bool):
-    """`RECIPES[recipe].<method>(*args, decomposing)` in `like`'s dtype (`recipe` a `Gemm` value);
-    a choice deferred to run time is made for this call's M, K, N, E, and declines to decompose
-    (Inductor keeps the op)."""
+_NO_WEIGHT = object()  # the weight gradient's calls: no weight operand, no `param`
+
+
+def _gemm(method: str, recipe: str, role: int, like: torch.Tensor, MKNE: tuple[int, int, int, int], *operands,
+          rounding: str, param=_NO_WEIGHT, decomposing: bool):
+    """`RECIPES[recipe].<method>(*operands, rounding[, param], decomposing)` in `like`'s dtype
+    (`recipe` a `Gemm` value); a choice deferred to run time is made for this call's M, K, N, E,
+    and declines to decompose (Inductor keeps the op)."""
     gemm = Gemm(recipe)  # ValueError naming the value and the valid ones for anything else
+    weight = () if param is _NO_WEIGHT else (param,)
     if gemm in DEFERRED:
         if decomposing:
             return NotImplemented
+        cached = param is not _NO_WEIGHT and param is not None
         gemm = _choice(gemm, role, *MKNE, method.startswith("dense"), like.device, rounding, cached)
-    return _result(getattr(RECIPES[gemm], method)(*args, decomposing), like)
+    return _result(getattr(RECIPES[gemm], method)(*operands, rounding, *weight, decomposing), like)
 
 
 def _weight(b: torch.Tensor, recipe: str, rounding: str, shared_weight: bool) -> torch.Tensor:
@@ -84,22 +89,21 @@ def _weight(b: torch.Tensor, recipe: str, rounding: str, shared_weight: bool) ->
 def _forward(a, b, offs, forward, dgrad, wgrad, rounding, param, shared_weight=False, *, decomposing=False):
     MKNE = (a.shape[0], b.shape[-2], b.shape[-1], b.shape[0])
     b = _weight(b, forward, rounding, shared_weight)
-    return _gemm("forward", forward, 0, a, MKNE, a, b, offs, rounding, param, rounding=rounding,
-                 cached=param is not None, decomposing=decomposing)
+    return _gemm("forward", forward, 0, a, MKNE, a, b, offs, rounding=rounding, param=param, decomposing=decomposing)
 
 
 def _dgrad(grad, b, offs, recipe, rounding, param, shared_weight=False, *, decomposing=False):
     MKNE = (grad.shape[0], b.shape[-2], b.shape[-1], b.shape[0])
     b = _weight(b, recipe, rounding, shared_weight)
-    return _gemm("dgrad", recipe, 1, grad, MKNE, grad, b, offs, rounding, param, rounding=rounding,
-                 cached=param is not None, decomposing=decomposing)
+    return _gemm("dgrad", recipe, 1, grad, MKNE, grad, b, offs, rounding=rounding, param=param,
+                 decomposing=decomposing)
 
 
 def _wgrad(grad, a, offs, recipe, rounding, *, decomposing=False):
     """db[E, K, N] from grad[M, N] and a[M, K], or db[E, N, K] with the two swapped (never for a
     choice deferred to run time, which reads K and N from the operands)."""
     MKNE = (grad.shape[0], a.shape[1], grad.shape[1], offs.shape[0])
-    return _gemm("wgrad", recipe, 2, grad, MKNE, grad, a, offs, rounding, rounding=rounding, decomposing=decomposing)
+    return _gemm("wgrad", recipe, 2, grad, MKNE, grad, a, offs, rounding=rounding, decomposing=decomposing)
 
 
 @torch.library.custom_op(f"{LIB}::grouped_mm", mutates_args=())
@@ -182,19 +186,18 @@ grouped_mm_op.register_autograd(_backward, setup_context=_setup_context)
 
 def _dense_forward(x, w, forward, dgrad, wgrad, rounding, param, *, decomposing=False):
     MKNE = (x.shape[0], w.shape[1], w.shape[0], 1)
-    return _gemm("dense_forward", forward, 0, x, MKNE, x, w, rounding, param, rounding=rounding,
-                 cached=param is not None, decomposing=decomposing)
+    return _gemm("dense_forward", forward, 0, x, MKNE, x, w, rounding=rounding, param=param, decomposing=decomposing)
 
 
 def _dense_dgrad(grad, w, recipe, rounding, param, *, decomposing=False):
     MKNE = (grad.shape[0], w.shape[1], w.shape[0], 1)
-    return _gemm("dense_dgrad", recipe, 1, grad, MKNE, grad, w, rounding, param, rounding=rounding,
-                 cached=param is not None, decomposing=decomposing)
+    return _gemm("dense_dgrad", recipe, 1, grad, MKNE, grad, w, rounding=rounding, param=param,
+                 decomposing=decomposing)
 
 
 def _dense_wgrad(grad, x, recipe, rounding, *, decomposing=False):
     MKNE = (grad.shape[0], x.shape[1], grad.shape[1], 1)
-    return _gemm("dense_wgrad", recipe, 2, grad, MKNE, grad, x, rounding, rounding=rounding, decomposing=decomposing)
+    return _gemm("dense_wgrad", recipe, 2, grad, MKNE, grad, x, rounding=rounding, decomposing=decomposing)
 
 
 @torch.library.custom_op(f"{LIB}::linear", mutates_args=())
