@@ -264,9 +264,13 @@ def quantize_rows(x: torch.Tensor, rounding: str = "rceil") -> tuple[torch.Tenso
     q = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
     scales = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
     if R and C:
-        br, bc, warps = ROWS_TILE
-        _rows_kernel[(tc.cdiv(R, br),)](tc.as_bits(x3), *x3.stride(), A, R, C, q, scales,
-                                        RCEIL=rounding == "rceil", HW_CVT=x.is_cuda, BR=br, BC=bc, num_warps=warps)
+        br, bc, warps = tile = ROWS_TILE
+        tensors = (tc.as_bits(x3), q, scales)
+        key = (_rows_kernel, B, A, C, *x3.stride(), rounding, tile)
+        launch_keyed(key, tensors, lambda: (
+            _rows_kernel, (tc.cdiv(R, br),), (tensors[0], *x3.stride(), A, R, C, q, scales),
+            dict(RCEIL=rounding == "rceil", HW_CVT=x.is_cuda, BR=br, BC=bc, num_warps=warps),
+        ))
     elif R:  # rows of no elements: the scale of zero rows, as the reference
         scales.copy_(rowwise.quantize_rows(x.new_zeros(x.shape[:-1] + (1,)), -1, rounding)[1])
     return q.view(torch.float8_e4m3fn), scales

@@ -236,6 +236,9 @@ def test_triton_row_quantizer_is_bit_exact(shape, rounding, layout):
     for a, w in zip(got, want):
         assert_bitwise_equal(a, w)
     assert got[0].is_contiguous() and got[1].shape == shape[:-1]
+    y = x * -3  # a second call of the same launch: its own tensors
+    for a, w in zip(triton_rowwise.quantize_rows(y, rounding), rowwise.quantize_rows(y, -1, rounding)):
+        assert_bitwise_equal(a, w)
 
 
 def test_triton_row_quantizer_rejects_other_ranks():
