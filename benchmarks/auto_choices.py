@@ -17,19 +17,12 @@ import pathlib
 import time
 
 import torch
-from shapes import require_gpu
+from shapes import MODEL_EXPERT_GEMMS, require_gpu
 
 from mxfp8_inductor.lowering import auto
 
-# model: (experts E, routed token rows M, [(K, N) of w1/w3 fused, of w2])
-MODELS = {
-    "qwen3_30b": (128, 4 * 2048 * 8, [(2048, 1536), (768, 2048)]),
-    "fine64_7b": (64, 4 * 2048 * 8, [(2048, 2048), (1024, 2048)]),
-    "mixtral_8x7b": (8, 2 * 4096 * 2, [(4096, 28672), (14336, 4096)]),
-    "gpt_oss_20b": (32, 4 * 2048 * 4, [(2880, 5760), (2880, 2880)]),
-    "dsv3_ep8_slice": (32, 2 * 4096 * 8, [(7168, 4096), (2048, 7168)]),
-    "l4scout_dims": (16, 4 * 4096 * 1, [(5120, 16384), (8192, 5120)]),
-}
+# TorchTitan's Qwen3 has the transformers model's expert GEMMs
+MODELS = {name: gemms for name, gemms in MODEL_EXPERT_GEMMS.items() if name != "titan_qwen3_30b"}
 
 
 def main() -> None:
@@ -40,7 +33,7 @@ def main() -> None:
     device = torch.device("cuda")
     rows = []
     for cached in (False, True):
-        for model, (E, M, shapes) in MODELS.items():
+        for model, (E, M, *shapes) in MODELS.items():
             for K, N in shapes:
                 start = time.perf_counter()
                 plan = auto.plan_for("auto", "quantized", M=M, K=K, N=N, E=E, dense=False, device=device,

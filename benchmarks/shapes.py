@@ -17,6 +17,20 @@ import torch.nn.functional as fn
 SHAPES = {"dsv3": (8, 7168, 2048), "l4scout": (4, 5120, 8192), "qwen3_30b": (16, 2048, 768), "fine64": (64, 2048, 1536)}
 TOKENS = 32768
 
+# The routed-expert GEMMs of bench_models.py's models: (experts E, routed token rows per
+# microbatch (batch x sequence x top-k), (K, N) of w1/w3 fused as transformers stores them, (K, N)
+# of w2); bench_models.py runs 4 microbatches per step
+MODEL_EXPERT_GEMMS = {
+    "qwen3_30b": (128, 4 * 2048 * 8, (2048, 1536), (768, 2048)),
+    "titan_qwen3_30b": (128, 4 * 2048 * 8, (2048, 1536), (768, 2048)),
+    "fine64_7b": (64, 4 * 2048 * 8, (2048, 2048), (1024, 2048)),
+    "mixtral_8x7b": (8, 2 * 4096 * 2, (4096, 28672), (14336, 4096)),
+    "gpt_oss_20b": (32, 4 * 2048 * 4, (2880, 5760), (2880, 2880)),
+    "dsv3_ep8_slice": (32, 2 * 4096 * 8, (7168, 4096), (2048, 7168)),
+    "l4scout_dims": (16, 4 * 4096 * 1, (5120, 16384), (8192, 5120)),
+}
+MICROBATCHES = 4
+
 
 def require_gpu() -> None:
     """Exit with a message on a machine without a CUDA GPU (the timings are of GPU kernels)."""
