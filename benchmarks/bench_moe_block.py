@@ -30,7 +30,7 @@ from functools import partial
 
 import torch
 import triton
-from shapes import SHAPES, TOKENS, block_and_inputs, require_gpu
+from shapes import MODEL_EXPERT_GEMMS, SHAPES, TOKENS, block_and_inputs, require_gpu
 from triton.testing import do_bench
 
 from mxfp8_inductor import mxfp8_backend  # also where the package is on PYTHONPATH, not installed
@@ -100,10 +100,13 @@ def _template(*args) -> float:
 
 
 # (experts, rows per group, K, N) of the forward GEMM: fine-grained and coarse layers at published
-# dimensions, then each benchmark block's w1/w3 and w2 at its mean group size
+# dimensions, then each benchmark block's w1/w3 and w2 and each benchmark model's, at its mean
+# group size
 RATE_SHAPES = [(128, 512, 2048, 1536), (128, 512, 768, 2048), (64, 1024, 2048, 2048), (64, 1024, 1024, 2048),
                (32, 1024, 7168, 4096), (32, 1024, 2048, 7168), (8, 2048, 4096, 28672), (8, 2048, 14336, 4096)]
 RATE_SHAPES += [(E, TOKENS // E, *KN) for E, D, F in SHAPES.values() for KN in ((D, F), (F, D))]
+RATE_SHAPES += [(E, M // E, *KN) for E, M, w13, w2 in MODEL_EXPERT_GEMMS.values() for KN in (w13, w2)]
+RATE_SHAPES = list(dict.fromkeys(RATE_SHAPES))
 
 
 def gemm_rates(experts: int, rows: int, K: int, N: int, autotune: bool) -> list[dict]:
