@@ -25,30 +25,28 @@ from shapes import MICROBATCHES as mb
 from shapes import MODEL_EXPERT_GEMMS
 
 
-def _rate(rates: list[dict], role: str, E: int, rows: int, K: int, N: int) -> tuple[float, float, int]:
-    """(bf16, best FP8) TFLOP/s of one GEMM, and the rows per group the table measured it at (the
-    nearest at or below `rows`: fewer rows per group run no faster)."""
+def _rate(rates: list[dict], role: str, rows: int, K: int, N: int) -> tuple[float, float]:
+    """(bf16, best FP8) TFLOP/s of one GEMM, measured at the nearest rows per group at or below
+    `rows` (fewer rows per group run no faster)."""
     hits = [r for r in rates if r["role"] == role and (r["K"], r["N"]) == (K, N) and r["rows_per_group"] <= rows]
     if not hits:
         raise KeyError((role, K, N))
     r = max(hits, key=lambda r: r["rows_per_group"])
-    return r["bf16_tflops"], max(v for k, v in r.items() if k.startswith("fp8_")), r["rows_per_group"]
+    return r["bf16_tflops"], max(v for k, v in r.items() if k.startswith("fp8_"))
 
 
 def ceiling(model: str, rates: list[dict], layer_ms: float, copy_tbps: float) -> dict:
     E, M, w13, w2 = MODEL_EXPERT_GEMMS[model]
     bf16_ms = fp8_ms = 0.0
-    measured_at = set()
     act_bytes = 0.0
     weight_elems = 0
     for K, N in (w13, w2):
         flops = 2 * M * K * N * mb
         # forward (K, N), input gradient (N, K), weight gradient (K, N), as the rate table lists them
         for role, k, n in (("forward", K, N), ("dgrad", N, K), ("wgrad", K, N)):
-            bf16, fp8, rows = _rate(rates, role, E, M // E, k, n)
+            bf16, fp8 = _rate(rates, role, M // E, k, n)
             bf16_ms += flops / bf16 / 1e9
             fp8_ms += flops / fp8 / 1e9
-            measured_at.add(rows)
         # the GEMM's input (M x K) and output gradient (M x N): rows (3 bytes per element), token
         # groups (3, plus 2 for the amax read)
         act_bytes += M * (K + N) * (3 + 5) * mb
@@ -57,8 +55,8 @@ def ceiling(model: str, rates: list[dict], layer_ms: float, copy_tbps: float) ->
     quant_uncached_ms = (act_bytes + weight_elems * 6 * mb) / copy_tbps / 1e9
     rest = layer_ms - bf16_ms
     return dict(model=model, layer_ms=layer_ms, bf16_gemm_ms=bf16_ms, fp8_gemm_ms=fp8_ms,
-                rates_at_rows_per_group=sorted(measured_at), quant_cached_ms=quant_cached_ms,
-                quant_uncached_ms=quant_uncached_ms, ceiling_free=layer_ms / (rest + fp8_ms),
+                quant_cached_ms=quant_cached_ms, quant_uncached_ms=quant_uncached_ms,
+                ceiling_free=layer_ms / (rest + fp8_ms),
                 ceiling_cached=layer_ms / (rest + fp8_ms + quant_cached_ms),
                 ceiling_uncached=layer_ms / (rest + fp8_ms + quant_uncached_ms))
 

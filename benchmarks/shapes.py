@@ -19,7 +19,8 @@ TOKENS = 32768
 
 # The routed-expert GEMMs of bench_models.py's models: (experts E, routed token rows per
 # microbatch (batch x sequence x top-k), (K, N) of w1/w3 fused as transformers stores them, (K, N)
-# of w2); bench_models.py runs 4 microbatches per step
+# of w2); bench_models.py runs 4 microbatches per step. TorchTitan runs w1 and w3 as two GEMMs of
+# half that N: the same FLOPs, counted here at the fused shape's rate
 MODEL_EXPERT_GEMMS = {
     "qwen3_30b": (128, 4 * 2048 * 8, (2048, 1536), (768, 2048)),
     "titan_qwen3_30b": (128, 4 * 2048 * 8, (2048, 1536), (768, 2048)),
