@@ -11,11 +11,12 @@ does (on the H200 the two agree bit for bit). The rowwise scales are powers of t
 them to the fp32 accumulator in the epilogue equals the emulation's dequantize-then-multiply up
 to summation order.
 
-No host sync: `offs` is never read on the host. The kernel is persistent (one program per SM):
-output tiles are counted row tile by column tile, row tiles group after group, and each program
-finds a tile's group in a table built in registers. A tile never spans two groups; its rows past
-the group's end are loaded but never stored. In 2d-2d a tile's contraction ends at its group's
-end: its descriptors are made per tile with the token dim ending there (TMA fills zeros past it).
+No host sync: `offs` is never read on the host. The kernel is persistent (one or two programs
+per SM, by config): output tiles are counted row tile by column tile, row tiles group after
+group, and each program finds a tile's group in a table built in registers. A tile never
+spans two groups; its rows past the group's end are loaded but never stored. In 2d-2d a tile's
+contraction ends at its group's end: its descriptors are made per tile with the token dim ending
+there (TMA fills zeros past it).
 
 On GPU the float8 tiles go to `tl.dot` as they are; the interpreter has no float8 arithmetic, so
 there the kernel gets the bytes, decodes them to fp32 in integer math and multiplies in IEEE fp32
@@ -37,15 +38,18 @@ from .launch import launch_tuned
 F8 = torch.float8_e4m3fn
 
 # GPU: Hopper FP8 tiles (BK = 128 bytes: one 128-byte swizzled row per operand row), tuned per
-# shape. 256 x 128 tiles (two warpgroups of 128 rows) lead at every measured shape; FLATTEN
-# pipelines the next tile's loads under this one's epilogue, which pays where K is short.
+# shape; PER_SM programs per SM. FLATTEN pipelines the next tile's loads under this one's
+# epilogue, and two programs of 128 x 128 tiles on one SM run one's epilogue under the other's
+# main loop: both pay where the contraction is short (the weight gradient of small token groups).
 GPU_CONFIGS = [
-    triton.Config({"BM": 256, "BN": 128, "BK": 128, "FLATTEN": False}, num_warps=8, num_stages=3),
-    triton.Config({"BM": 256, "BN": 128, "BK": 128, "FLATTEN": True}, num_warps=8, num_stages=3),
-    triton.Config({"BM": 128, "BN": 256, "BK": 128, "FLATTEN": False}, num_warps=8, num_stages=3),
+    triton.Config({"BM": 256, "BN": 128, "BK": 128, "FLATTEN": False, "PER_SM": 1}, num_warps=8, num_stages=3),
+    triton.Config({"BM": 256, "BN": 128, "BK": 128, "FLATTEN": True, "PER_SM": 1}, num_warps=8, num_stages=3),
+    triton.Config({"BM": 128, "BN": 256, "BK": 128, "FLATTEN": False, "PER_SM": 1}, num_warps=8, num_stages=3),
+    triton.Config({"BM": 128, "BN": 128, "BK": 128, "FLATTEN": False, "PER_SM": 2}, num_warps=4, num_stages=3),
+    triton.Config({"BM": 128, "BN": 128, "BK": 128, "FLATTEN": True, "PER_SM": 2}, num_warps=4, num_stages=3),
 ]
 # the interpreter: small tiles keep CPU tests fast
-INTERPRETER_CONFIG = {"BM": 32, "BN": 32, "BK": 32, "FLATTEN": False}
+INTERPRETER_CONFIG = {"BM": 32, "BN": 32, "BK": 32, "FLATTEN": False, "PER_SM": 1}
 
 
 @triton.jit
@@ -62,22 +66,22 @@ def _mma(acc, a, b, HW_CVT: tl.constexpr, BK: tl.constexpr):
 
 @triton.jit
 def _gemm_2d3d_kernel(
-    a_ptr, s_am, b_ptr, s_be, s_bn, sa_ptr, sb_ptr, out_ptr, offs_ptr, M, N, K, programs,
+    a_ptr, s_am, b_ptr, s_be, s_bn, sa_ptr, sb_ptr, out_ptr, offs_ptr, M, N, K,
     E: tl.constexpr, EP: tl.constexpr, HW_CVT: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FLATTEN: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FLATTEN: tl.constexpr, PER_SM: tl.constexpr,
 ):
-    """A persistent kernel: `programs` programs take the output tiles in turn. Tile t is row tile
-    t // n_tiles, counted group after group (a group spans cdiv(size, BM) tiles), and column tile
-    t % n_tiles of expert b[g]: column tiles vary fastest, so the tiles in flight share a few A
-    row tiles and one expert's B in L2. Operand tiles arrive by TMA (tensor descriptors); rows
-    of a tile past its group's end are loaded (the next group's, or zeros past M) but never
-    stored."""
+    """A persistent kernel: its programs (PER_SM per SM) take the output tiles in turn. Tile t is
+    row tile t // n_tiles, counted group after group (a group spans cdiv(size, BM) tiles), and
+    column tile t % n_tiles of expert b[g]: column tiles vary fastest, so the tiles in flight
+    share a few A row tiles and one expert's B in L2. Operand tiles arrive by TMA (tensor
+    descriptors); rows of a tile past its group's end are loaded (the next group's, or zeros
+    past M) but never stored."""
     a_desc = tl.make_tensor_descriptor(a_ptr, [M, K], [s_am, 1], [BM, BK])
     b_desc = tl.make_tensor_descriptor(b_ptr, [E, N, K], [s_be, s_bn, 1], [1, BN, BK])
     n_tiles = tl.cdiv(N, BN)
     starts, ends, tile_ends = tc.group_table(offs_ptr, E, EP, BM, M)
     tiles = tl.max(tile_ends, 0) * n_tiles
-    for t in tl.range(tl.program_id(0), tiles, programs, flatten=FLATTEN):
+    for t in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=FLATTEN):
         row_tile = t // n_tiles
         g = tc.group_of(tile_ends, E, row_tile + tl.zeros([1], dtype=tl.int32))  # 1 lane: the helpers take blocks
         start, end = tl.sum(tc.lane_value(starts, g)), tl.sum(tc.lane_value(ends, g))
@@ -102,9 +106,9 @@ _gemm_2d3d_tuned = triton.autotune(GPU_CONFIGS, key=["N", "K"])(_gemm_2d3d_kerne
 
 @triton.jit
 def _gemm_2d2d_kernel(
-    a_ptr, s_ak, b_ptr, s_bn, sa_ptr, sb_ptr, out_ptr, offs_ptr, T, K, N, programs,
+    a_ptr, s_ak, b_ptr, s_bn, sa_ptr, sb_ptr, out_ptr, offs_ptr, T, K, N,
     E: tl.constexpr, EP: tl.constexpr, HW_CVT: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FLATTEN: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FLATTEN: tl.constexpr, PER_SM: tl.constexpr,
 ):
     """out[g] [K, N] = A[:, group g] @ B[:, group g]^T, scaled by sa[g, k] sb[g, n]: A [K, T] and
     B [N, T] K-major along the grouped tokens T. Persistent like `_gemm_2d3d_kernel`; tiles are
@@ -115,7 +119,7 @@ def _gemm_2d2d_kernel(
     per_group = k_tiles * n_tiles
     starts = tc.group_ends(offs_ptr, E, EP, T, 1)
     ends = tc.group_ends(offs_ptr, E, EP, T, 0)
-    for t in tl.range(tl.program_id(0), E * per_group, programs, flatten=FLATTEN):
+    for t in tl.range(tl.program_id(0), E * per_group, tl.num_programs(0), flatten=FLATTEN):
         g = t // per_group + tl.zeros([1], dtype=tl.int32)  # 1 lane: the helpers take blocks
         start, end = tl.sum(tc.lane_value(starts, g)), tl.sum(tc.lane_value(ends, g))
         k0 = (t % per_group) // n_tiles * BM
@@ -196,22 +200,23 @@ def scaled_grouped_mm(
     a_op, b_op = (a, b) if a.is_cuda else (a.view(torch.uint8), b.view(torch.uint8))
     if a.is_cuda:
         _ensure_allocator()
-    programs = _programs(a.device)
+    sms = _sms(a.device)
     consts = dict(E=E, EP=tc.pow2(E), HW_CVT=a.is_cuda)
     shared = (scale_a.contiguous(), scale_b.contiguous(), tc.as_bits(out), offs)  # both kernels' middle arguments
+    grid = lambda meta: (sms * meta["PER_SM"],)  # noqa: E731
     if b.dim() == 3:
-        args = (a_op, a.stride(0), b_op, b.stride(0), b.stride(2), *shared, M, N, K, programs)
-        launch_tuned(_gemm_2d3d_kernel, _gemm_2d3d_tuned, (N, K), (programs,), args, consts, INTERPRETER_CONFIG)
+        args = (a_op, a.stride(0), b_op, b.stride(0), b.stride(2), *shared, M, N, K)
+        launch_tuned(_gemm_2d3d_kernel, _gemm_2d3d_tuned, (N, K), grid, args, consts, INTERPRETER_CONFIG)
     else:
-        args = (a_op, a.stride(0), b_op, b.stride(1), *shared, T, K, N, programs)
-        launch_tuned(_gemm_2d2d_kernel, _gemm_2d2d_tuned, (K, N), (programs,), args, consts, INTERPRETER_CONFIG)
+        args = (a_op, a.stride(0), b_op, b.stride(1), *shared, T, K, N)
+        launch_tuned(_gemm_2d2d_kernel, _gemm_2d2d_tuned, (K, N), grid, args, consts, INTERPRETER_CONFIG)
     return out
 
 
 @functools.cache
-def _programs(device: torch.device) -> int:
-    """One program per SM (the kernel is persistent); a few in the interpreter. Cached: the
-    device's properties are a call per GEMM otherwise."""
+def _sms(device: torch.device) -> int:
+    """The persistent kernels' programs per config's PER_SM: the SMs, or a few in the
+    interpreter. Cached: the device's properties are a call per GEMM otherwise."""
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 3
 
 
