@@ -215,9 +215,15 @@ def quantize_weight(b_EKN: torch.Tensor, rounding: str = "rceil") -> tuple[torch
     bk, bn, warps = WEIGHT_TILE
     grid = (E, tc.cdiv(K, bk), tc.cdiv(N, bn))
     b, strides = tc.as_bits(b_EKN), b_EKN.stride()
-    _weight_amax_kernel[grid](b, *strides, K, N, amax_n, amax_k, BK=bk, BN=bn, num_warps=warps)
-    _weight_cast_kernel[grid](b, *strides, K, N, amax_n, amax_k, q_nk, q_kn, s_n, s_k, RCEIL=rounding == "rceil",
-                              HW_CVT=b_EKN.is_cuda, BK=bk, BN=bn, num_warps=warps)
+    # bound launches: a weight's quantization runs in the first forward after each optimizer step,
+    # where the host, not the GPU, sets the pace
+    tensors = (b, amax_n, amax_k)
+    launch_keyed((_weight_amax_kernel, *b_EKN.shape, *strides), tensors, lambda: (
+        _weight_amax_kernel, grid, (b, *strides, K, N, amax_n, amax_k), dict(BK=bk, BN=bn, num_warps=warps)))
+    tensors = (b, amax_n, amax_k, q_nk, q_kn, s_n, s_k)
+    launch_keyed((_weight_cast_kernel, *b_EKN.shape, *strides, rounding), tensors, lambda: (
+        _weight_cast_kernel, grid, (b, *strides, K, N, *tensors[1:]),
+        dict(RCEIL=rounding == "rceil", HW_CVT=b_EKN.is_cuda, BK=bk, BN=bn, num_warps=warps)))
     return q_nk.view(torch.float8_e4m3fn), s_n, q_kn.view(torch.float8_e4m3fn), s_k
 
 
