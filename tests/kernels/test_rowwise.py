@@ -183,6 +183,18 @@ def test_triton_weight_quantizer_is_bit_exact(shape, rounding, layout):
     assert want[0].shape == (shape[0], shape[2], shape[1]) and want[2].shape == shape
 
 
+@pytest.mark.interpreter
+def test_triton_weight_quantizer_second_call_uses_its_own_tensors():
+    """The second weight of a shape takes the launches bound by the first (`launch.launch_keyed`):
+    its own values in, its own operands out."""
+    g = torch.Generator().manual_seed(7)
+    for scale in (1.0, 2.0**20):
+        b = (torch.randn(2, 48, 72, generator=g) * scale).bfloat16()
+        got, want = triton_rowwise.quantize_weight(b), rowwise.quantize_weight(b)
+        for a, w in zip(got, want):
+            assert_bitwise_equal(a, w)
+
+
 def test_quantizers_take_zero_tokens():
     """An expert-parallel rank may receive no tokens: empty operands, and rows of no elements
     (the weight gradient's, along the tokens) scaled as zero rows."""

@@ -108,6 +108,21 @@ def test_second_call_with_other_values_and_group_ends_uses_its_own_tensors():
         _assert_close_to_emulation(got[:end], want[:end])
 
 
+def test_two_programs_per_sm_cover_every_tile(monkeypatch):
+    """A config of PER_SM = 2 (the grid from the config, tiles strided by the grid's size): every
+    tile of both layouts written once, as with one program per SM. Shapes no other test uses,
+    so no launch bound under the default config is reused."""
+    monkeypatch.setattr(triton_fp8_gemm, "INTERPRETER_CONFIG", {**triton_fp8_gemm.INTERPRETER_CONFIG, "PER_SM": 2})
+    sizes = [50, 3, 0, 29]
+    args = _forward_operands(sizes, 96, 72, seed=5)
+    got, want = triton_fp8_gemm.scaled_grouped_mm(*args), rowwise.scaled_grouped_mm(*args)
+    _assert_close_to_emulation(got[:sum(sizes)], want[:sum(sizes)])
+    args = _wgrad_operands(sizes, 80, 72, seed=5)
+    got, want = triton_fp8_gemm.scaled_grouped_mm(*args), rowwise.scaled_grouped_mm(*args)
+    assert torch.all(got[2] == 0)
+    _assert_close_to_emulation(got[[0, 1, 3]], want[[0, 1, 3]])
+
+
 def test_only_the_sums_and_the_bf16_rounding_are_inexact():
     """Against the fp64 product of the dequantized operands: within half a bf16 ulp of it, plus
     the error bound of summing K terms in fp32 (K * 2^-24 times the sum of their magnitudes); on
