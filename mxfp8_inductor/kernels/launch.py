@@ -140,6 +140,6 @@ def launch_tuned(kernel, tuned, key: tuple, grid, args: tuple, consts: dict, int
         return
     else:
         config = picked
-    # every other launch argument follows from the non-tensor args and the consts
-    bound_key = (kernel, *[a for a in args if not isinstance(a, torch.Tensor)], *consts.items())
+    # every other launch argument follows from the non-tensor args, the consts and the config
+    bound_key = (kernel, *[a for a in args if not isinstance(a, torch.Tensor)], *consts.items(), *config.items())
     launch_keyed(bound_key, tensors, lambda: (kernel, grid, args, {**consts, **config}))

@@ -110,8 +110,7 @@ def test_second_call_with_other_values_and_group_ends_uses_its_own_tensors():
 
 def test_two_programs_per_sm_cover_every_tile(monkeypatch):
     """A config of PER_SM = 2 (the grid from the config, tiles strided by the grid's size): every
-    tile of both layouts written once, as with one program per SM. Shapes no other test uses,
-    so no launch bound under the default config is reused."""
+    tile of both layouts written, as with one program per SM."""
     monkeypatch.setattr(triton_fp8_gemm, "INTERPRETER_CONFIG", {**triton_fp8_gemm.INTERPRETER_CONFIG, "PER_SM": 2})
     sizes = [50, 3, 0, 29]
     args = _forward_operands(sizes, 96, 72, seed=5)
