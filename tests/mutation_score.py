@@ -130,6 +130,14 @@ MUTATIONS: tuple[Mutation, ...] = (
              "row = x_ptr + (r64 // A) * s0 + (r64 % A) * s1",
              "row = x_ptr + r64 * s1",
              (ROWWISE, "-k", "row_quantizer_is_bit_exact")),
+    Mutation("triton_group_padding_reads_next_group", "kernels/triton_rowwise.py",
+             "mask=(r < end)[:, None] & k_ok[None, :], other=0)",
+             "mask=(r < M)[:, None] & k_ok[None, :], other=0)",
+             (ROWWISE, "-k", "triton_group_quantizer")),
+    Mutation("triton_group_tail_left_unwritten", "kernels/triton_rowwise.py",
+             "for j0 in range(padded_end, Mp, BM):",
+             "for j0 in range(Mp, Mp, BM):",
+             (ROWWISE, "-k", "triton_group_quantizer")),
     # (the reference's own clamp to +-448 is not a target: torch's float8_e4m3fn cast saturates as
     # well, so on CPU dropping it changes nothing; the interpreter's integer encoder needs its clamp)
     Mutation("e4m3_saturation_dropped", "kernels/triton_common.py",

@@ -223,7 +223,6 @@ def test_rowwise_group_quantizer_bit_exact_on_gpu(rounding):
 
     offs = uneven_offs(64, TOKENS)
     x = _specials(torch.randn(TOKENS + 5, 2048, device="cuda", dtype=torch.bfloat16))
-    assert_bitwise_equal(triton_rowwise.group_amax(x, offs), rowwise.group_amax(x, offs))
     for got, want in zip(triton_rowwise.quantize_groups(x, offs, rounding), rowwise.quantize_groups(x, offs, rounding)):
         assert_bitwise_equal(got, want)
 

@@ -16,138 +16,85 @@ from . import rowwise
 from . import triton_common as tc
 from .launch import launch_keyed
 
-# (rows per program, rows per load, columns, warps) of the amax kernel and (features per block,
-# blocks per program, warps) of the cast kernel: best of benchmarks/bench_quantize.py --sweep-rowwise
-AMAX_TILE = [256, 32, 128, 4]
-CAST_TILE = [128, 8, 4]
+# (rows per load, features per program, warps, pipeline stages) of `quantize_groups`: best of
+# benchmarks/bench_quantize.py --sweep-rowwise
+GROUPS_TILE = [64, 64, 2, 4]
 
 
 @triton.jit
-def _group_amax_kernel(
-    x_ptr, sx_m, offs_ptr, out_ptr, M, K, G: tl.constexpr, GP: tl.constexpr,
-    CHUNK: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+def _quantize_groups_kernel(
+    x_ptr, sx_m, offs_ptr, y_ptr, scales_ptr, padded_ends_ptr, M, K, Mp,
+    G: tl.constexpr, GP: tl.constexpr, ALIGN: tl.constexpr, RCEIL: tl.constexpr, HW_CVT: tl.constexpr,
+    BM: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr,
 ):
-    """Program (c, q): columns q*BK.. of rows c*CHUNK.., split where groups end; each group's
-    part meets the other programs' in an atomic max on the float bits (ordered like the floats:
-    all are >= 0). The loop over a part's rows has a constant trip count so that Triton
-    pipelines its loads; rows outside the part are masked off, not read."""
-    c = tl.program_id(0) * CHUNK
+    """Program (g, q): features q*BK.. of token group g. One pass over the group's rows takes
+    their max |x| per feature (on the bits, NaN above inf, as `triton_common.block_amax`); a
+    second casts them, transposed, into the group's padded columns of y[K, Mp], padding as byte
+    0. The second pass reads what the first just read, from L2 where the group's slab of BK
+    features fits in it beside the other programs' in flight: one read of x from memory, and no
+    other kernel. The last group's programs also zero the columns past every group, program
+    (0, 0) writes the padded group ends."""
+    g = tl.program_id(0)
     k = tl.program_id(1) * BK + tl.arange(0, BK)
-    i = tl.arange(0, GP)
-    ends = tc.group_ends(offs_ptr, G, GP, M, 0)
-    stop = tl.minimum(c + CHUNK, tl.max(ends, 0))  # rows past offs[-1] belong to no group
-    r0 = c
-    while r0 < stop:  # once per group met; not range(): the interpreter cannot take loaded bounds
-        g = tl.sum(((ends <= r0) & (i < G)).to(tl.int32), 0)  # the group holding row r0
-        r1 = tl.minimum(tl.sum(tl.where(i == g, ends, 0), 0), stop)
-        # an elementwise running max, reduced across rows once: a reduction per load would
-        # cross warps through shared memory every iteration. Taken on the bits of |x| (every NaN
-        # above inf, as in `triton_common.block_amax`), which are also what the atomic max takes
-        acc = tl.zeros([BM, BK], dtype=tl.int32)
-        for t in range(CHUNK // BM):
-            r = c + t * BM + tl.arange(0, BM)
-            m = ((r >= r0) & (r < r1))[:, None] & (k < K)[None, :]
-            x = tc.load_f32(x_ptr + r.to(tl.int64)[:, None] * sx_m + k[None, :], m)
-            acc = tl.maximum(acc, x.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
-        tl.atomic_max(out_ptr + g * K + k, tl.minimum(tl.max(acc, axis=0), 0x7F800000), mask=k < K)
-        r0 = r1
-
-
-def group_amax(x_MK: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    """amax_GK float32, as `rowwise.group_amax`, in one read of x."""
-    M, K = x_MK.shape
-    G = offs.numel()
-    if x_MK.stride(1) != 1:
-        x_MK = x_MK.contiguous()
-    out = torch.zeros(G, K, device=x_MK.device, dtype=torch.int32)
-    chunk, bm, bk, warps = tile = tuple(AMAX_TILE)
-    tensors = (tc.as_bits(x_MK), offs, out)
-    key = (_group_amax_kernel, M, K, x_MK.stride(0), G, tile)
-    launch_keyed(key, tensors, lambda: (
-        _group_amax_kernel, (tc.cdiv(M, chunk), tc.cdiv(K, bk)), (tensors[0], x_MK.stride(0), offs, out, M, K),
-        dict(G=G, GP=tc.pow2(G), CHUNK=chunk, BM=bm, BK=bk, num_warps=warps),
-    ))
-    return out.view(torch.float32)
-
-
-@triton.jit
-def _padded_token_source(offs_ptr, j, M, G: tl.constexpr, GP: tl.constexpr, ALIGN: tl.constexpr):
-    """For padded token columns j of a weight-gradient operand (each group's tokens padded to a
-    multiple of ALIGN): the group of each (G past the last), its source row in x, whether that
-    row holds a token (not padding), and every group's padded end in units of ALIGN."""
+    k_ok = k < K
     starts, ends, chunk_ends = tc.group_table(offs_ptr, G, GP, ALIGN, M)
-    g = tc.group_of(chunk_ends, G, j // ALIGN)
-    start, end = tc.lane_value(starts, g), tc.lane_value(ends, g)
-    src = start + j - (tc.lane_value(chunk_ends, g) - (end - start + ALIGN - 1) // ALIGN) * ALIGN
-    return g, src, (g < G) & (src < end), chunk_ends
-
-
-@triton.jit
-def _cast_groups_t_kernel(
-    x_ptr, sx_m, offs_ptr, amax_ptr, y_ptr, scales_ptr, padded_ends_ptr, M, K, Mp,
-    G: tl.constexpr, GP: tl.constexpr, ALIGN: tl.constexpr, RCEIL: tl.constexpr,
-    HW_CVT: tl.constexpr, BK: tl.constexpr, KITERS: tl.constexpr,
-):
-    """Program (p, q): padded token columns p*2*ALIGN.. and features q*KITERS*BK.. of y[K, Mp], BK
-    features at a time: gather the source rows, transpose the loaded bits, scale by their
-    group's power of two, cast, store. The token-to-group lookup, O(ALIGN * G), is made once for
-    all KITERS blocks: at 64 groups it costs more than the data of one block. It transposes the
-    loaded bf16 bits rather than the float8 bytes, which measured faster (bench_quantize.py).
-    Programs (0, q) also write the float
-    scales of their features, program (0, 0) the padded group ends: the whole operand comes from
-    this kernel and the amax one, with no host ops between them."""
-    j = tl.program_id(0) * (2 * ALIGN) + tl.arange(0, 2 * ALIGN)
-    g, src, row_ok, chunk_ends = _padded_token_source(offs_ptr, j, M, G, GP, ALIGN)
-    x_row = x_ptr + src.to(tl.int64) * sx_m
-    # each group holding a token spans whole ALIGN-token chunks, so these 2 * ALIGN columns hold
-    # the tokens of at most two groups, the first column's and the last token's: two scale rows
-    g_lo = tl.minimum(tl.min(g, 0), G - 1)
-    g_hi = tl.max(tl.where(row_ok, g, g_lo), 0)
-    lo = (g <= g_lo)[None, :]
-    for t in range(KITERS):
-        k = (tl.program_id(1) * KITERS + t) * BK + tl.arange(0, BK)
-        k_ok = k < K
-        bits = tl.load(x_row[:, None] + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0)
-        x_KJ = tc.widen(tl.trans(bits))  # padding loads 0 and casts to byte 0
-        inv_lo = tc.inv_scale(tc.scale_exponent(tl.load(amax_ptr + g_lo * K + k, mask=k_ok, other=0.0), RCEIL))
-        inv_hi = tc.inv_scale(tc.scale_exponent(tl.load(amax_ptr + g_hi * K + k, mask=k_ok, other=0.0), RCEIL))
-        q8 = tc.scaled_to_e4m3(x_KJ, tl.where(lo, inv_lo[:, None], inv_hi[:, None]), HW_CVT)
-        tl.store(y_ptr + k.to(tl.int64)[:, None] * Mp + j[None, :], q8, mask=k_ok[:, None] & (j < Mp)[None, :])
-        if tl.program_id(0) == 0:
-            i = tl.arange(0, GP)
-            ms = (i < G)[:, None] & k_ok[None, :]
-            amax_g = tl.load(amax_ptr + i[:, None] * K + k[None, :], mask=ms, other=0.0)
-            scales_g = tc.e8m0_to_float(tc.scale_exponent(amax_g, RCEIL))
-            tl.store(scales_ptr + i[:, None] * K + k[None, :], scales_g, mask=ms)
-    if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
-        i = tl.arange(0, GP)
+    i = tl.arange(0, GP)
+    start = tl.sum(tl.where(i == g, starts, 0), 0)
+    end = tl.sum(tl.where(i == g, ends, 0), 0)
+    padded_end = tl.sum(tl.where(i == g, chunk_ends, 0), 0) * ALIGN
+    padded_size = (end - start + ALIGN - 1) // ALIGN * ALIGN
+    # an elementwise running max, reduced across rows once: a reduction per load would cross
+    # warps through shared memory every iteration
+    acc = tl.zeros([BM, BK], dtype=tl.int32)
+    for r0 in tl.range(start, end, BM, num_stages=STAGES):
+        r = r0 + tl.arange(0, BM)
+        m = (r < end)[:, None] & k_ok[None, :]
+        x = tc.load_f32(x_ptr + r.to(tl.int64)[:, None] * sx_m + k[None, :], m)
+        acc = tl.maximum(acc, x.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
+    amax = tl.minimum(tl.max(acc, axis=0), 0x7F800000).to(tl.float32, bitcast=True)
+    biased = tc.scale_exponent(amax, RCEIL)
+    inv = tc.inv_scale(biased)[:, None]
+    tl.store(scales_ptr + g * K + k, tc.e8m0_to_float(biased), mask=k_ok)
+    y_row = y_ptr + k.to(tl.int64)[:, None] * Mp
+    for t0 in tl.range(0, padded_size, BM, num_stages=STAGES):
+        t = t0 + tl.arange(0, BM)
+        r = start + t
+        bits = tl.load(x_ptr + r.to(tl.int64)[:, None] * sx_m + k[None, :],
+                       mask=(r < end)[:, None] & k_ok[None, :], other=0)
+        # transposing the loaded bf16 bits, not the float8 bytes, measured faster
+        q8 = tc.scaled_to_e4m3(tc.widen(tl.trans(bits)), inv, HW_CVT)
+        j = padded_end - padded_size + t
+        tl.store(y_row + j[None, :], q8, mask=k_ok[:, None] & (t < padded_size)[None, :])
+    if g == G - 1:
+        for j0 in range(padded_end, Mp, BM):
+            j = j0 + tl.arange(0, BM)
+            tl.store(y_row + j[None, :], tl.zeros([BK, BM], dtype=tl.uint8), mask=k_ok[:, None] & (j < Mp)[None, :])
+    if (g == 0) & (tl.program_id(1) == 0):
         tl.store(padded_ends_ptr + i, chunk_ends * ALIGN, mask=i < G)
 
 
 def quantize_groups(
     x_MK: torch.Tensor, offs: torch.Tensor, rounding: str = "rceil"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Triton twin of `rowwise.quantize_groups`: two reads of x, one write of the fp8 data, two
-    kernels and no other device work (host time per call matters at small MoE shapes)."""
+    """Triton twin of `rowwise.quantize_groups`: one kernel and no other device work (host time
+    per call matters at small MoE shapes)."""
     ref.check_float(x_MK)
     check_choice("rounding", rounding)
     M, K = x_MK.shape
     G = offs.numel()
     if x_MK.stride(1) != 1:
         x_MK = x_MK.contiguous()
-    amax_GK = group_amax(x_MK, offs)
     Mp = rowwise.padded_rows(M, G)
     data_KMp = torch.empty(K, Mp, dtype=torch.uint8, device=x_MK.device)
     scales_GK = torch.empty(G, K, dtype=torch.float32, device=x_MK.device)
     padded_ends = torch.empty(G, dtype=torch.int32, device=x_MK.device)
-    bk, kiters, warps = tile = tuple(CAST_TILE)
-    tensors = (tc.as_bits(x_MK, True), offs, amax_GK, data_KMp, scales_GK, padded_ends)
-    key = (_cast_groups_t_kernel, M, K, x_MK.stride(0), G, rounding, tile)
+    bm, bk, warps, stages = tile = tuple(GROUPS_TILE)
+    tensors = (tc.as_bits(x_MK, True), offs, data_KMp, scales_GK, padded_ends)
+    key = (_quantize_groups_kernel, M, K, x_MK.stride(0), G, rounding, tile)
     launch_keyed(key, tensors, lambda: (
-        _cast_groups_t_kernel, (tc.cdiv(Mp, 2 * rowwise.ALIGN), tc.cdiv(K, bk * kiters)),
-        (tensors[0], x_MK.stride(0), offs, amax_GK, data_KMp, scales_GK, padded_ends, M, K, Mp),
+        _quantize_groups_kernel, (G, tc.cdiv(K, bk)), (tensors[0], x_MK.stride(0), *tensors[1:], M, K, Mp),
         dict(G=G, GP=tc.pow2(G), ALIGN=rowwise.ALIGN, RCEIL=rounding == "rceil",
-             HW_CVT=x_MK.is_cuda, BK=bk, KITERS=kiters, num_warps=warps),
+             HW_CVT=x_MK.is_cuda, BM=bm, BK=bk, STAGES=stages, num_warps=warps),
     ))
     return data_KMp.view(torch.float8_e4m3fn), scales_GK, padded_ends
 
