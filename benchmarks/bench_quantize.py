@@ -40,6 +40,7 @@ def cases(x_MK: torch.Tensor, offs: torch.Tensor, w_ENK: torch.Tensor):
     yield "weights_along_K_blocked", lambda: tri.quantize_weight_blocked(w_ENK), nbytes(w_ENK, *wk)
     yield "weights_along_N_blocked", lambda: tri.quantize_weight_blocked(b_EKN), nbytes(w_ENK, *wk)
     r = triton_rowwise.quantize_groups(x_MK, offs)
+    yield "rowwise_group_amax", lambda: triton_rowwise.group_amax(x_MK, offs), nbytes(x_MK)
     yield "rowwise_groups_along_tokens", lambda: triton_rowwise.quantize_groups(x_MK, offs), nbytes(x_MK, *r[:2])
     yield "qdq_rows", lambda: tri.quantize_dequantize(x_MK, -1), 2 * nbytes(x_MK)
     yield "qdq_groups_along_tokens", lambda: tri.quantize_dequantize_groups(x_MK, offs), 2 * nbytes(x_MK)
@@ -93,25 +94,46 @@ def sweep() -> None:
 
 
 def sweep_rowwise() -> None:
-    """Fraction of copy bandwidth per `triton_rowwise.GROUPS_TILE` (rows per load, features per
-    program, warps, stages) of the fp8_rowwise weight-gradient quantizer, at one 16384-row group
-    and at the token groups and feature counts of bench_models.py's models."""
-    probs = {"16384x16384 G=1": (16384, 16384, 1), "qwen3 x G=128": (65536, 2048, 128),
-             "qwen3 h G=128": (65536, 768, 128), "gpt_oss G=32": (32768, 2880, 32),
-             "dsv3_slice G=32": (65536, 7168, 32), "mixtral h G=8": (16384, 14336, 8)}
+    """Fraction of copy bandwidth per tile of the fp8_rowwise weight-gradient quantizer's paths:
+    at many token groups (those of bench_moe_block.py's fine-grained models) its one kernel per
+    `triton_rowwise.GROUPS_TILE` (rows per load, features per program, warps, stages); at few its
+    amax kernel (rows per program, rows per load, columns, warps) and cast kernel (features per
+    block, blocks per program, warps)."""
+    many = {"qwen3 x G=128": (65536, 2048, 128), "qwen3 h G=128": (65536, 768, 128),
+            "gpt_oss G=32": (32768, 2880, 32), "dsv3_slice G=32": (65536, 7168, 32)}
+    few = {"16384x16384 G=1": (16384, 16384, 1), "dsv3 x G=8": (TOKENS, 7168, 8), "mixtral x G=8": (16384, 4096, 8)}
     tiles = [(64, 64, 2, 4), (128, 64, 4, 3), (64, 64, 4, 3), (64, 128, 4, 3), (64, 32, 4, 4), (32, 64, 2, 3),
              (64, 32, 2, 4), (64, 64, 2, 3), (64, 64, 1, 4), (32, 64, 1, 4), (128, 64, 2, 4), (64, 128, 2, 4)]
-    default = list(triton_rowwise.GROUPS_TILE)
-    for name, (M, K, G) in probs.items():
+    amax_tiles = [(256, 64, 64, 4), (256, 32, 128, 4), (512, 64, 64, 4), (256, 64, 128, 8), (128, 64, 64, 4),
+                  (512, 32, 128, 8), (1024, 64, 64, 4)]
+    cast_tiles = [(128, 8, 4), (128, 4, 4), (64, 8, 4), (64, 16, 4), (256, 4, 4), (256, 4, 8), (128, 16, 4),
+                  (128, 8, 8)]
+    default = list(triton_rowwise.GROUPS_TILE), list(triton_rowwise.AMAX_TILE), list(triton_rowwise.CAST_TILE)
+    for name, (M, K, G) in {**many, **few}.items():
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
         offs = torch.cumsum(uneven_counts(G, M), 0, dtype=torch.int32)
         copy_ms = do_bench(partial(torch.empty_like(x).copy_, x), return_mode="median")
-        for tile in tiles:
-            triton_rowwise.GROUPS_TILE[:] = tile
-            ms = do_bench(partial(triton_rowwise.quantize_groups, x, offs), return_mode="median")
-            # per element a copy moves 2 + 2 bytes, the quantizer 2 + 1
-            print(f"{name:<16} tile={tile} {ms:7.3f} ms {copy_ms * 0.75 / ms:5.2f}x copy", flush=True)
-        triton_rowwise.GROUPS_TILE[:] = default
+        quantize = partial(triton_rowwise.quantize_groups, x, offs)
+        if name in many:
+            for tile in tiles:
+                triton_rowwise.GROUPS_TILE[:] = tile
+                ms = do_bench(quantize, return_mode="median")
+                # per element a copy moves 2 + 2 bytes, the quantizer 2 + 1
+                print(f"{name:<16} tile={tile} {ms:7.3f} ms {copy_ms * 0.75 / ms:5.2f}x copy", flush=True)
+            continue
+        amax = partial(triton_rowwise.group_amax, x, offs)
+        for tile in amax_tiles:
+            triton_rowwise.AMAX_TILE[:] = tile
+            ms = do_bench(amax, return_mode="median")
+            print(f"{name:<16} amax tile={tile} {ms:7.3f} ms {copy_ms / 2 / ms:5.2f}x copy", flush=True)
+        triton_rowwise.AMAX_TILE[:] = default[1]
+        amax_ms = do_bench(amax, return_mode="median")
+        for tile in cast_tiles:  # this path runs the amax kernel, then the cast
+            triton_rowwise.CAST_TILE[:] = tile
+            ms = do_bench(quantize, return_mode="median") - amax_ms
+            print(f"{name:<16} cast tile={tile} {ms:7.3f} ms {copy_ms * 0.75 / ms:5.2f}x copy", flush=True)
+        triton_rowwise.CAST_TILE[:] = default[2]
+    triton_rowwise.GROUPS_TILE[:] = default[0]
 
 
 def main() -> None:

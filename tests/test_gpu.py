@@ -218,10 +218,12 @@ def test_rowwise_dense_linear_matches_its_emulation(monkeypatch):
 
 
 @pytest.mark.parametrize("rounding", ["rceil", "floor"])
-def test_rowwise_group_quantizer_bit_exact_on_gpu(rounding):
+@pytest.mark.parametrize("groups", [64, 8])  # the one-kernel path and the two-kernel one
+def test_rowwise_group_quantizer_bit_exact_on_gpu(rounding, groups):
     from mxfp8_inductor.kernels import rowwise, triton_rowwise
 
-    offs = uneven_offs(64, TOKENS)
+    assert (groups >= triton_rowwise.GROUPS_KERNEL_MIN_GROUPS) == (groups == 64)
+    offs = uneven_offs(groups, TOKENS)
     x = _specials(torch.randn(TOKENS + 5, 2048, device="cuda", dtype=torch.bfloat16))
     for got, want in zip(triton_rowwise.quantize_groups(x, offs, rounding), rowwise.quantize_groups(x, offs, rounding)):
         assert_bitwise_equal(got, want)

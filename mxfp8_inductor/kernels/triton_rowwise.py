@@ -19,6 +19,10 @@ from .launch import launch_keyed
 # (rows per load, features per program, warps, pipeline stages) of `quantize_groups`: best of
 # benchmarks/bench_quantize.py --sweep-rowwise
 GROUPS_TILE = [64, 64, 2, 4]
+# token groups from which `quantize_groups` takes `_quantize_groups_kernel`: with fewer, longer
+# groups its programs are too few and too unequal in length to keep the GPU busy, and the rows
+# are split into chunks across the programs of two kernels instead (bench_quantize.py)
+GROUPS_KERNEL_MIN_GROUPS = 32
 
 
 @triton.jit
@@ -73,11 +77,119 @@ def _quantize_groups_kernel(
         tl.store(padded_ends_ptr + i, chunk_ends * ALIGN, mask=i < G)
 
 
+# (rows per program, rows per load, columns, warps) of the amax kernel and (features per block,
+# blocks per program, warps) of the cast kernel: best of benchmarks/bench_quantize.py --sweep-rowwise
+AMAX_TILE = [256, 32, 128, 4]
+CAST_TILE = [128, 8, 4]
+
+
+@triton.jit
+def _group_amax_kernel(
+    x_ptr, sx_m, offs_ptr, out_ptr, M, K, G: tl.constexpr, GP: tl.constexpr,
+    CHUNK: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+):
+    """Program (c, q): columns q*BK.. of rows c*CHUNK.., split where groups end; each group's
+    part meets the other programs' in an atomic max on the float bits (ordered like the floats:
+    all are >= 0). The loop over a part's rows has a constant trip count so that Triton
+    pipelines its loads; rows outside the part are masked off, not read."""
+    c = tl.program_id(0) * CHUNK
+    k = tl.program_id(1) * BK + tl.arange(0, BK)
+    i = tl.arange(0, GP)
+    ends = tc.group_ends(offs_ptr, G, GP, M, 0)
+    stop = tl.minimum(c + CHUNK, tl.max(ends, 0))  # rows past offs[-1] belong to no group
+    r0 = c
+    while r0 < stop:  # once per group met: each step ends where a group ends, a loaded value
+        g = tl.sum(((ends <= r0) & (i < G)).to(tl.int32), 0)  # the group holding row r0
+        r1 = tl.minimum(tl.sum(tl.where(i == g, ends, 0), 0), stop)
+        # an elementwise running max, reduced across rows once: a reduction per load would
+        # cross warps through shared memory every iteration. Taken on the bits of |x| (every NaN
+        # above inf, as in `triton_common.block_amax`), which are also what the atomic max takes
+        acc = tl.zeros([BM, BK], dtype=tl.int32)
+        for t in range(CHUNK // BM):
+            r = c + t * BM + tl.arange(0, BM)
+            m = ((r >= r0) & (r < r1))[:, None] & (k < K)[None, :]
+            x = tc.load_f32(x_ptr + r.to(tl.int64)[:, None] * sx_m + k[None, :], m)
+            acc = tl.maximum(acc, x.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
+        tl.atomic_max(out_ptr + g * K + k, tl.minimum(tl.max(acc, axis=0), 0x7F800000), mask=k < K)
+        r0 = r1
+
+
+def group_amax(x_MK: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """amax_GK float32, as `rowwise.group_amax`, in one read of x."""
+    M, K = x_MK.shape
+    G = offs.numel()
+    if x_MK.stride(1) != 1:
+        x_MK = x_MK.contiguous()
+    out = torch.zeros(G, K, device=x_MK.device, dtype=torch.int32)
+    chunk, bm, bk, warps = tile = tuple(AMAX_TILE)
+    tensors = (tc.as_bits(x_MK), offs, out)
+    key = (_group_amax_kernel, M, K, x_MK.stride(0), G, tile)
+    launch_keyed(key, tensors, lambda: (
+        _group_amax_kernel, (tc.cdiv(M, chunk), tc.cdiv(K, bk)), (tensors[0], x_MK.stride(0), offs, out, M, K),
+        dict(G=G, GP=tc.pow2(G), CHUNK=chunk, BM=bm, BK=bk, num_warps=warps),
+    ))
+    return out.view(torch.float32)
+
+
+@triton.jit
+def _padded_token_source(offs_ptr, j, M, G: tl.constexpr, GP: tl.constexpr, ALIGN: tl.constexpr):
+    """For padded token columns j of a weight-gradient operand (each group's tokens padded to a
+    multiple of ALIGN): the group of each (G past the last), its source row in x, whether that
+    row holds a token (not padding), and every group's padded end in units of ALIGN."""
+    starts, ends, chunk_ends = tc.group_table(offs_ptr, G, GP, ALIGN, M)
+    g = tc.group_of(chunk_ends, G, j // ALIGN)
+    start, end = tc.lane_value(starts, g), tc.lane_value(ends, g)
+    src = start + j - (tc.lane_value(chunk_ends, g) - (end - start + ALIGN - 1) // ALIGN) * ALIGN
+    return g, src, (g < G) & (src < end), chunk_ends
+
+
+@triton.jit
+def _cast_groups_t_kernel(
+    x_ptr, sx_m, offs_ptr, amax_ptr, y_ptr, scales_ptr, padded_ends_ptr, M, K, Mp,
+    G: tl.constexpr, GP: tl.constexpr, ALIGN: tl.constexpr, RCEIL: tl.constexpr,
+    HW_CVT: tl.constexpr, BK: tl.constexpr, KITERS: tl.constexpr,
+):
+    """Program (p, q): padded token columns p*2*ALIGN.. and features q*KITERS*BK.. of y[K, Mp], BK
+    features at a time: gather the source rows, transpose the loaded bits, scale by their
+    group's power of two, cast, store. The token-to-group lookup, O(ALIGN * G), is made once for
+    all KITERS blocks. It transposes the loaded bf16 bits rather than the float8 bytes, which
+    measured faster (bench_quantize.py). Programs (0, q) also write the float scales of their
+    features, program (0, 0) the padded group ends: the whole operand comes from this kernel and
+    the amax one, with no host ops between them."""
+    j = tl.program_id(0) * (2 * ALIGN) + tl.arange(0, 2 * ALIGN)
+    g, src, row_ok, chunk_ends = _padded_token_source(offs_ptr, j, M, G, GP, ALIGN)
+    x_row = x_ptr + src.to(tl.int64) * sx_m
+    # each group holding a token spans whole ALIGN-token chunks, so these 2 * ALIGN columns hold
+    # the tokens of at most two groups, the first column's and the last token's: two scale rows
+    g_lo = tl.minimum(tl.min(g, 0), G - 1)
+    g_hi = tl.max(tl.where(row_ok, g, g_lo), 0)
+    lo = (g <= g_lo)[None, :]
+    for t in range(KITERS):
+        k = (tl.program_id(1) * KITERS + t) * BK + tl.arange(0, BK)
+        k_ok = k < K
+        bits = tl.load(x_row[:, None] + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0)
+        x_KJ = tc.widen(tl.trans(bits))  # padding loads 0 and casts to byte 0
+        inv_lo = tc.inv_scale(tc.scale_exponent(tl.load(amax_ptr + g_lo * K + k, mask=k_ok, other=0.0), RCEIL))
+        inv_hi = tc.inv_scale(tc.scale_exponent(tl.load(amax_ptr + g_hi * K + k, mask=k_ok, other=0.0), RCEIL))
+        q8 = tc.scaled_to_e4m3(x_KJ, tl.where(lo, inv_lo[:, None], inv_hi[:, None]), HW_CVT)
+        tl.store(y_ptr + k.to(tl.int64)[:, None] * Mp + j[None, :], q8, mask=k_ok[:, None] & (j < Mp)[None, :])
+        if tl.program_id(0) == 0:
+            i = tl.arange(0, GP)
+            ms = (i < G)[:, None] & k_ok[None, :]
+            amax_g = tl.load(amax_ptr + i[:, None] * K + k[None, :], mask=ms, other=0.0)
+            scales_g = tc.e8m0_to_float(tc.scale_exponent(amax_g, RCEIL))
+            tl.store(scales_ptr + i[:, None] * K + k[None, :], scales_g, mask=ms)
+    if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
+        i = tl.arange(0, GP)
+        tl.store(padded_ends_ptr + i, chunk_ends * ALIGN, mask=i < G)
+
+
 def quantize_groups(
     x_MK: torch.Tensor, offs: torch.Tensor, rounding: str = "rceil"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Triton twin of `rowwise.quantize_groups`: one kernel and no other device work (host time
-    per call matters at small MoE shapes)."""
+    """Triton twin of `rowwise.quantize_groups` with no device work beside its kernels (host time
+    per call matters at small MoE shapes): one kernel for many token groups, an amax kernel and a
+    cast kernel for few (`GROUPS_KERNEL_MIN_GROUPS`)."""
     ref.check_float(x_MK)
     check_choice("rounding", rounding)
     M, K = x_MK.shape
@@ -88,14 +200,24 @@ def quantize_groups(
     data_KMp = torch.empty(K, Mp, dtype=torch.uint8, device=x_MK.device)
     scales_GK = torch.empty(G, K, dtype=torch.float32, device=x_MK.device)
     padded_ends = torch.empty(G, dtype=torch.int32, device=x_MK.device)
-    bm, bk, warps, stages = tile = tuple(GROUPS_TILE)
-    tensors = (tc.as_bits(x_MK, True), offs, data_KMp, scales_GK, padded_ends)
-    key = (_quantize_groups_kernel, M, K, x_MK.stride(0), G, rounding, tile)
-    launch_keyed(key, tensors, lambda: (
-        _quantize_groups_kernel, (G, tc.cdiv(K, bk)), (tensors[0], x_MK.stride(0), *tensors[1:], M, K, Mp),
-        dict(G=G, GP=tc.pow2(G), ALIGN=rowwise.ALIGN, RCEIL=rounding == "rceil",
-             HW_CVT=x_MK.is_cuda, BM=bm, BK=bk, STAGES=stages, num_warps=warps),
-    ))
+    consts = dict(G=G, GP=tc.pow2(G), ALIGN=rowwise.ALIGN, RCEIL=rounding == "rceil", HW_CVT=x_MK.is_cuda)
+    if G >= GROUPS_KERNEL_MIN_GROUPS:
+        bm, bk, warps, stages = tile = tuple(GROUPS_TILE)
+        tensors = (tc.as_bits(x_MK, True), offs, data_KMp, scales_GK, padded_ends)
+        key = (_quantize_groups_kernel, M, K, x_MK.stride(0), G, rounding, tile)
+        launch_keyed(key, tensors, lambda: (
+            _quantize_groups_kernel, (G, tc.cdiv(K, bk)), (tensors[0], x_MK.stride(0), *tensors[1:], M, K, Mp),
+            dict(consts, BM=bm, BK=bk, STAGES=stages, num_warps=warps),
+        ))
+    else:
+        amax_GK = group_amax(x_MK, offs)
+        bk, kiters, warps = tile = tuple(CAST_TILE)
+        tensors = (tc.as_bits(x_MK, True), offs, amax_GK, data_KMp, scales_GK, padded_ends)
+        key = (_cast_groups_t_kernel, M, K, x_MK.stride(0), G, rounding, tile)
+        launch_keyed(key, tensors, lambda: (
+            _cast_groups_t_kernel, (tc.cdiv(Mp, 2 * rowwise.ALIGN), tc.cdiv(K, bk * kiters)),
+            (tensors[0], x_MK.stride(0), *tensors[1:], M, K, Mp), dict(consts, BK=bk, KITERS=kiters, num_warps=warps),
+        ))
     return data_KMp.view(torch.float8_e4m3fn), scales_GK, padded_ends
 
 

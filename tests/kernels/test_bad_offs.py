@@ -50,8 +50,11 @@ def test_mxfp8_quantizers_on_any_offs(offs, seed):
 @given(offs=bad_offs(), seed=st.integers(0, 2**16))
 def test_rowwise_quantizers_and_layouts_on_any_offs(offs, seed):
     x = _x(seed)
-    for g, w in zip(triton_rowwise.quantize_groups(x, offs), rowwise.quantize_groups(x, offs)):
-        assert_bitwise_equal(g, w)
+    for min_groups in (0, 10**9):  # both paths of quantize_groups
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(triton_rowwise, "GROUPS_KERNEL_MIN_GROUPS", min_groups)
+            for g, w in zip(triton_rowwise.quantize_groups(x, offs), rowwise.quantize_groups(x, offs)):
+                assert_bitwise_equal(g, w)
     scales = ref.quantize(x, -1)[1]
     for along, s in (("rows", scales), ("cols", scales.t().contiguous())):
         for g, w in zip(triton_mx.to_blocked_groups(s, offs, along), ref.to_blocked_groups(s, offs, along)):

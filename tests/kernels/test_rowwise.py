@@ -1,4 +1,4 @@
-"""The FP8 rowwise recipe's quantizers: hand-checked scales, layouts, the Triton amax twin, the emulated GEMM."""
+"""The FP8 rowwise recipe's quantizers: hand-checked scales, layouts, the Triton twins, the emulated GEMM."""
 
 import pytest
 import torch
@@ -7,6 +7,13 @@ from helpers import assert_bitwise_equal, make_offs, sqnr
 from mxfp8_inductor.kernels import rowwise, triton_rowwise
 
 F8 = torch.float8_e4m3fn
+
+
+@pytest.fixture(params=["group_kernel", "chunk_kernels"])
+def groups_path(request, monkeypatch):
+    """`triton_rowwise.quantize_groups` by each of its paths, whatever the number of groups."""
+    monkeypatch.setattr(triton_rowwise, "GROUPS_KERNEL_MIN_GROUPS", 0 if request.param == "group_kernel" else 10**9)
+    return request.param
 
 
 def test_scales_are_powers_of_two_that_fit_the_row():
@@ -76,6 +83,17 @@ def test_group_amax_ignores_rows_past_the_end_and_counts_nan_as_inf():
     assert torch.equal(amax[0], x[:5].float().abs().amax(0))
 
 
+@pytest.mark.interpreter
+@pytest.mark.parametrize("sizes", [[300], [100, 0, 37, 119, 1], [0] * 3 + [64]])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_triton_group_amax_is_bit_exact(sizes, dtype):
+    x, offs = _groups_case(sizes, K=200, tail=9, seed=len(sizes))
+    x = x.to(dtype)
+    x[3, 7] = float("nan")
+    x[-1] = float("inf")  # past offs[-1]
+    assert_bitwise_equal(triton_rowwise.group_amax(x, offs), rowwise.group_amax(x, offs))
+
+
 def test_emulated_scaled_grouped_mm_is_the_dequantized_product():
     g = torch.Generator().manual_seed(1)
     offs = make_offs([32, 0, 48])
@@ -99,7 +117,7 @@ def test_emulated_scaled_grouped_mm_is_the_dequantized_product():
 @pytest.mark.interpreter
 @pytest.mark.parametrize("sizes", [[300], [100, 0, 37, 119, 1], [0] * 3 + [64]])
 @pytest.mark.parametrize("rounding", ["rceil", "floor"])
-def test_triton_group_quantizer_is_bit_exact(sizes, rounding):
+def test_triton_group_quantizer_is_bit_exact(groups_path, sizes, rounding):
     x, offs = _groups_case(sizes, K=80, tail=9, seed=len(sizes))
     x[3, 7] = float("nan")
     x[5, 1] = -2.0**-133  # a bf16 subnormal
@@ -110,11 +128,12 @@ def test_triton_group_quantizer_is_bit_exact(sizes, rounding):
 
 @pytest.mark.interpreter
 @pytest.mark.parametrize("tile, dtype", [((16, 32, 4, 2), torch.bfloat16), ((32, 16, 4, 1), torch.float32)])
-def test_triton_group_quantizer_tiles_smaller_than_groups(monkeypatch, tile, dtype):
+def test_triton_group_kernel_tiles_smaller_than_groups(monkeypatch, tile, dtype):
     """Tiles far smaller than the defaults, so that both passes take several loads per group (the
     last one ragged, padding included), feature blocks are ragged, groups are empty or end inside
     a load, and padded columns lie past the last group: still bit-exact, NaN and inf included."""
     monkeypatch.setattr(triton_rowwise, "GROUPS_TILE", list(tile))
+    monkeypatch.setattr(triton_rowwise, "GROUPS_KERNEL_MIN_GROUPS", 0)
     x, offs = _groups_case([70, 0, 5, 3, 1, 0, 130, 33], K=104, tail=7, seed=5)
     x = x.to(dtype)
     x[3, 7], x[80, 100] = float("nan"), float("-inf")
@@ -125,7 +144,24 @@ def test_triton_group_quantizer_tiles_smaller_than_groups(monkeypatch, tile, dty
 
 
 @pytest.mark.interpreter
-def test_triton_group_quantizer_second_call_uses_its_own_tensors():
+@pytest.mark.parametrize("amax_tile, cast_tile, dtype", [((64, 16, 32, 4), (32, 2, 4), torch.bfloat16),
+                                                        ((32, 32, 16, 4), (16, 3, 4), torch.float32)])
+def test_triton_chunk_kernels_tiles_smaller_than_groups(monkeypatch, amax_tile, cast_tile, dtype):
+    """Tiles far smaller than the defaults, so that amax chunks take several loads and span group
+    ends, cast programs loop over several feature blocks (the last one ragged), and token tiles
+    meet two groups with empty ones between them, or lie past the last group: still bit-exact."""
+    monkeypatch.setattr(triton_rowwise, "AMAX_TILE", list(amax_tile))
+    monkeypatch.setattr(triton_rowwise, "CAST_TILE", list(cast_tile))
+    monkeypatch.setattr(triton_rowwise, "GROUPS_KERNEL_MIN_GROUPS", 10**9)
+    x, offs = _groups_case([70, 0, 5, 3, 1, 0, 130, 33], K=104, tail=7, seed=5)
+    x = x.to(dtype)
+    got, want = triton_rowwise.quantize_groups(x, offs), rowwise.quantize_groups(x, offs)
+    for a, b in zip(got, want):
+        assert_bitwise_equal(a, b)
+
+
+@pytest.mark.interpreter
+def test_triton_group_quantizer_second_call_uses_its_own_tensors(groups_path):
     """A second call with new values and other group ends of the same shapes takes the bound
     launches of the first (`launch.launch_keyed`) and must read and write its own tensors."""
     for seed, sizes in enumerate(([70, 0, 33], [5, 64, 34])):
@@ -199,7 +235,7 @@ def test_quantizers_take_zero_tokens():
 
 
 @pytest.mark.interpreter
-def test_triton_quantizers_take_zero_tokens():
+def test_triton_quantizers_take_zero_tokens(groups_path):
     x, offs = torch.zeros(0, 48, dtype=torch.bfloat16), make_offs([0, 0, 0])
     for a, b in zip(triton_rowwise.quantize_groups(x, offs), rowwise.quantize_groups(x, offs)):
         assert_bitwise_equal(a, b)
