@@ -1,9 +1,12 @@
 """Bandwidth of every MXFP8 quantizer and of the fp8_rowwise weight-gradient quantizer, as a fraction
 of a device-to-device copy measured in the same run; or, with --sweep / --sweep-rowwise, the same
-per tile shape, which is how the kernels' tiles were chosen.
+per tile shape, which is how the kernels' tiles were chosen; or, with --rowwise-paths, the
+fp8_rowwise weight-gradient quantizer's one-kernel and two-kernel paths side by side, which is
+how `triton_rowwise.GROUPS_KERNEL_MIN_GROUPS` was chosen.
 
     python benchmarks/bench_quantize.py [--out benchmarks/results/quantize_h200.json] [--quick]
     python benchmarks/bench_quantize.py --sweep | --sweep-rowwise
+    python benchmarks/bench_quantize.py --rowwise-paths [--out benchmarks/results/rowwise_paths_h200.json]
 
 Bytes counted: each input element read once, each output element (data, scales) written once.
 `do_bench` times the GPU, but a call whose host work outlasts its kernels shows the host.
@@ -93,15 +96,52 @@ def sweep() -> None:
             tri.TILES[key] = default[key]
 
 
+# (token rows M, features K, token groups G) of the weight-gradient operands (the layer input x
+# and the SwiGLU output h) of one microbatch of bench_models.py's models, and of SHAPES
+ROWWISE_PROBS = {
+    "16384x16384 G=1": (16384, 16384, 1), "qwen3 x G=128": (65536, 2048, 128), "qwen3 h G=128": (65536, 768, 128),
+    "titan_dsv3 x G=64": (49152, 2048, 64), "fine64 x G=64": (TOKENS, 2048, 64), "gpt_oss G=32": (32768, 2880, 32),
+    "dsv3_slice G=32": (65536, 7168, 32), "dsv3_slice h G=32": (65536, 2048, 32), "l4scout x G=16": (16384, 5120, 16),
+    "qwen3_30b x G=16": (TOKENS, 2048, 16), "dsv3 x G=8": (TOKENS, 7168, 8), "mixtral x G=8": (16384, 4096, 8),
+    "mixtral h G=8": (16384, 14336, 8),
+}
+
+
+def rowwise_paths(out: str) -> None:
+    """Per `ROWWISE_PROBS` shape, the fp8_rowwise weight-gradient quantizer with its one kernel
+    and with its two (amax, then cast), checked to give the same bytes."""
+    copy_GBps, rows, default = copy_rate(), [], triton_rowwise.GROUPS_KERNEL_MIN_GROUPS
+    for name, (M, K, G) in ROWWISE_PROBS.items():
+        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        offs = torch.cumsum(uneven_counts(G, M), 0, dtype=torch.int32)
+        ms, outs = {}, {}
+        for path, min_groups in (("one_kernel", 0), ("two_kernels", 10**9)):
+            triton_rowwise.GROUPS_KERNEL_MIN_GROUPS = min_groups
+            outs[path] = [t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+                          for t in triton_rowwise.quantize_groups(x, offs)]
+            ms[path] = do_bench(partial(triton_rowwise.quantize_groups, x, offs), return_mode="median")
+        same = all(torch.equal(a, b) for a, b in zip(outs["one_kernel"], outs["two_kernels"]))
+        moved = nbytes(x) + M * K + G * K * 4  # bf16 in, float8 data and float32 scales out
+        row = {"shape": name, "M": M, "K": K, "G": G, "same_bytes": same,
+               **{f"{p}_ms": t for p, t in ms.items()},
+               **{f"{p}_fraction_of_copy": moved / t / 1e6 / copy_GBps for p, t in ms.items()},
+               "two_over_one": ms["two_kernels"] / ms["one_kernel"]}
+        rows.append(row)
+        print(f"{name:<18} same={same} one kernel {ms['one_kernel']:.4f} ms "
+              f"({row['one_kernel_fraction_of_copy']:.2f}x copy)  two kernels {ms['two_kernels']:.4f} ms "
+              f"({row['two_kernels_fraction_of_copy']:.2f}x copy)  two/one {row['two_over_one']:.2f}", flush=True)
+    triton_rowwise.GROUPS_KERNEL_MIN_GROUPS = default
+    save(out, copy_GBps, rows)
+
+
 def sweep_rowwise() -> None:
     """Fraction of copy bandwidth per tile of the fp8_rowwise weight-gradient quantizer's paths:
     at many token groups (those of bench_moe_block.py's fine-grained models) its one kernel per
     `triton_rowwise.GROUPS_TILE` (rows per load, features per program, warps, stages); at few its
     amax kernel (rows per program, rows per load, columns, warps) and cast kernel (features per
     block, blocks per program, warps)."""
-    many = {"qwen3 x G=128": (65536, 2048, 128), "qwen3 h G=128": (65536, 768, 128),
-            "gpt_oss G=32": (32768, 2880, 32), "dsv3_slice G=32": (65536, 7168, 32)}
-    few = {"16384x16384 G=1": (16384, 16384, 1), "dsv3 x G=8": (TOKENS, 7168, 8), "mixtral x G=8": (16384, 4096, 8)}
+    many = {k: ROWWISE_PROBS[k] for k in ("qwen3 x G=128", "qwen3 h G=128", "gpt_oss G=32", "dsv3_slice G=32")}
+    few = {k: ROWWISE_PROBS[k] for k in ("16384x16384 G=1", "dsv3 x G=8", "mixtral x G=8")}
     tiles = [(64, 64, 2, 4), (128, 64, 4, 3), (64, 64, 4, 3), (64, 128, 4, 3), (64, 32, 4, 4), (32, 64, 2, 3),
              (64, 32, 2, 4), (64, 64, 2, 3), (64, 64, 1, 4), (32, 64, 1, 4), (128, 64, 2, 4), (64, 128, 2, 4)]
     amax_tiles = [(256, 64, 64, 4), (256, 32, 128, 4), (512, 64, 64, 4), (256, 64, 128, 8), (128, 64, 64, 4),
@@ -138,14 +178,19 @@ def sweep_rowwise() -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="benchmarks/results/quantize_h200.json")
+    p.add_argument("--out", help="result file (default benchmarks/results/quantize_h200.json, with "
+                   "--rowwise-paths benchmarks/results/rowwise_paths_h200.json)")
     p.add_argument("--quick", action="store_true", help="16384x16384 only")
     p.add_argument("--sweep", action="store_true", help="time tile shapes of the quantize kernel, then exit")
     p.add_argument("--sweep-rowwise", action="store_true", help="the same for the rowwise weight-gradient quantizer")
+    p.add_argument("--rowwise-paths", action="store_true", help="its one-kernel and two-kernel paths side by side")
     args = p.parse_args()
     require_gpu()
     if args.sweep or args.sweep_rowwise:
         sweep() if args.sweep else sweep_rowwise()
+        return
+    if args.rowwise_paths:
+        rowwise_paths(args.out or "benchmarks/results/rowwise_paths_h200.json")
         return
     copy_GBps = copy_rate()
     rows = []
@@ -156,7 +201,7 @@ def main() -> None:
             rows.append({"kernel": kernel, "shape": shape, "ms": ms, "GBps": GBps,
                          "fraction_of_copy": GBps / copy_GBps})
             print(f"{shape:>12} {kernel:<30} {ms:8.3f} ms {GBps:8.0f} GB/s {GBps / copy_GBps:6.2f}x copy", flush=True)
-    save(args.out, copy_GBps, rows)
+    save(args.out or "benchmarks/results/quantize_h200.json", copy_GBps, rows)
 
 
 def copy_rate() -> float:
