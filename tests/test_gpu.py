@@ -195,6 +195,30 @@ def test_rowwise_fp8_gemms_match_their_emulation(monkeypatch, shape):
     assert sqnr(want[2], got[2]) >= 40
 
 
+def test_fp8_gemm_autotunes_per_rows_per_group():
+    """One (N, K) at 16 and at 512 rows per group gets a config tuned for each, in both layouts
+    (2d-2d group ends are multiples of 16, as the weight gradient pads them), and the 2d-3d
+    result equals torch's FP8 grouped GEMM."""
+    from mxfp8_inductor.kernels import launch, triton_fp8_gemm
+
+    E, K, N = 64, 256, 384
+    b_ENK = torch.randn(E, N, K, device="cuda").to(torch.float8_e4m3fn)
+    for rows in (16, 512):
+        M = E * rows
+        a_MK = torch.randn(M, K, device="cuda").to(torch.float8_e4m3fn)
+        offs = torch.arange(1, E + 1, device="cuda", dtype=torch.int32) * rows
+        sa, sb = torch.rand(M, device="cuda") + 0.5, torch.rand(E, N, device="cuda") + 0.5
+        got = triton_fp8_gemm.scaled_grouped_mm(a_MK, b_ENK.transpose(-2, -1), sa, sb, offs)
+        want = torch._scaled_grouped_mm(a_MK, b_ENK.transpose(-2, -1), sa, sb, offs=offs, out_dtype=torch.bfloat16)
+        assert_bitwise_equal(got, want)
+        g_NM = torch.randn(N, M, device="cuda").to(torch.float8_e4m3fn)
+        triton_fp8_gemm.scaled_grouped_mm(a_MK.t().contiguous(), g_NM.t(), torch.ones(E * K, device="cuda"),
+                                          torch.ones(E * N, device="cuda"), offs)
+    for tuned, nk in ((triton_fp8_gemm._gemm_2d3d_tuned, (N, K)), (triton_fp8_gemm._gemm_2d2d_tuned, (K, N))):
+        keys = {key for t, key in launch._picked if t is tuned and key[:2] == nk}
+        assert keys == {(*nk, 16), (*nk, 512)}
+
+
 def test_rowwise_dense_linear_matches_its_emulation(monkeypatch):
     """A dense fp8_rowwise linear with a token count that is not a multiple of 16: its weight
     gradient pads the tokens for torch's FP8 GEMM (`rowwise.dense_wgrad`), which must add nothing;

@@ -66,7 +66,7 @@ def _mma(acc, a, b, HW_CVT: tl.constexpr, BK: tl.constexpr):
 
 @triton.jit
 def _gemm_2d3d_kernel(
-    a_ptr, s_am, b_ptr, s_be, s_bn, sa_ptr, sb_ptr, out_ptr, offs_ptr, M, N, K,
+    a_ptr, s_am, b_ptr, s_be, s_bn, sa_ptr, sb_ptr, out_ptr, offs_ptr, M, N, K, rows_per_group_p2,
     E: tl.constexpr, EP: tl.constexpr, HW_CVT: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FLATTEN: tl.constexpr, PER_SM: tl.constexpr,
 ):
@@ -75,7 +75,7 @@ def _gemm_2d3d_kernel(
     column tile t % n_tiles of expert b[g]: column tiles vary fastest, so the tiles in flight
     share a few A row tiles and one expert's B in L2. Operand tiles arrive by TMA (tensor
     descriptors); rows of a tile past its group's end are loaded (the next group's, or zeros
-    past M) but never stored."""
+    past M) but never stored. rows_per_group_p2 is only part of the autotuner's key."""
     a_desc = tl.make_tensor_descriptor(a_ptr, [M, K], [s_am, 1], [BM, BK])
     b_desc = tl.make_tensor_descriptor(b_ptr, [E, N, K], [s_be, s_bn, 1], [1, BN, BK])
     n_tiles = tl.cdiv(N, BN)
@@ -101,12 +101,14 @@ def _gemm_2d3d_kernel(
         tc.store_f32(out, acc * sa[:, None] * sb[None, :], m_ok[:, None] & n_ok[None, :], True, HW_CVT)
 
 
-_gemm_2d3d_tuned = triton.autotune(GPU_CONFIGS, key=["N", "K"])(_gemm_2d3d_kernel)
+# keyed on the mean rows per group too (a power of two): the best tile differs between 16 and 512
+# rows per group at one (N, K), and a process may meet both (`recipe="auto"` times small buckets)
+_gemm_2d3d_tuned = triton.autotune(GPU_CONFIGS, key=["N", "K", "rows_per_group_p2"])(_gemm_2d3d_kernel)
 
 
 @triton.jit
 def _gemm_2d2d_kernel(
-    a_ptr, s_ak, b_ptr, s_bn, sa_ptr, sb_ptr, out_ptr, offs_ptr, T, K, N,
+    a_ptr, s_ak, b_ptr, s_bn, sa_ptr, sb_ptr, out_ptr, offs_ptr, T, K, N, rows_per_group_p2,
     E: tl.constexpr, EP: tl.constexpr, HW_CVT: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FLATTEN: tl.constexpr, PER_SM: tl.constexpr,
 ):
@@ -114,7 +116,11 @@ def _gemm_2d2d_kernel(
     B [N, T] K-major along the grouped tokens T. Persistent like `_gemm_2d3d_kernel`; tiles are
     counted group by group, so the programs in flight share a group's operands in L2. Each tile
     makes its descriptors with the token dim ending at its group's end, so TMA reads zeros
-    past it rather than the next group's tokens."""
+    past it rather than the next group's tokens. A group whose start or end is not a multiple of
+    16 tokens is not read and its block is NaN: TMA faults on it (an illegal instruction on the
+    H200, which ends the process's CUDA context), and only a direct call meets it, since the
+    weight gradient pads every group to 16 (`rowwise.quantize_groups`). rows_per_group_p2 is
+    only part of the autotuner's key."""
     k_tiles, n_tiles = tl.cdiv(K, BM), tl.cdiv(N, BN)
     per_group = k_tiles * n_tiles
     starts = tc.group_ends(offs_ptr, E, EP, T, 1)
@@ -124,11 +130,14 @@ def _gemm_2d2d_kernel(
         start, end = tl.sum(tc.lane_value(starts, g)), tl.sum(tc.lane_value(ends, g))
         k0 = (t % per_group) // n_tiles * BM
         n0 = (t % n_tiles) * BN
-        a_desc = tl.make_tensor_descriptor(a_ptr, [K, end], [s_ak, 1], [BM, BK])
-        b_desc = tl.make_tensor_descriptor(b_ptr, [N, end], [s_bn, 1], [BN, BK])
+        readable = ((start % 16 == 0) & (end % 16 == 0)) | (start == end)
+        stop = tl.where(readable, end, start)  # no load of an unreadable group
+        a_desc = tl.make_tensor_descriptor(a_ptr, [K, tl.where(readable, end, 16)], [s_ak, 1], [BM, BK])
+        b_desc = tl.make_tensor_descriptor(b_ptr, [N, tl.where(readable, end, 16)], [s_bn, 1], [BN, BK])
         acc = tl.zeros([BM, BN], dtype=tl.float32)
-        for m0 in range(start, end, BK):
+        for m0 in range(start, stop, BK):
             acc = _mma(acc, a_desc.load([k0, m0]), b_desc.load([n0, m0]), HW_CVT, BK)
+        acc = tl.where(readable, acc, float("nan"))
         e = tl.sum(g)
         k = k0 + tl.arange(0, BM)
         n = n0 + tl.arange(0, BN)
@@ -139,7 +148,7 @@ def _gemm_2d2d_kernel(
         tc.store_f32(out, acc * sa[:, None] * sb[None, :], k_ok[:, None] & n_ok[None, :], True, HW_CVT)
 
 
-_gemm_2d2d_tuned = triton.autotune(GPU_CONFIGS, key=["K", "N"])(_gemm_2d2d_kernel)
+_gemm_2d2d_tuned = triton.autotune(GPU_CONFIGS, key=["K", "N", "rows_per_group_p2"])(_gemm_2d2d_kernel)
 
 
 def _check(a, b, scale_a, scale_b, offs) -> None:
@@ -179,7 +188,9 @@ def scaled_grouped_mm(
       2d-3d  a [M, K], b [E, K, N], scale_a [M], scale_b [E, N], offs [E] group ends along M
              -> [M, N], rows past offs[-1] unwritten;
       2d-2d  a [K, T], b [T, N], scale_a [G * K], scale_b [G * N], offs [G] group ends along T
-             -> [G, K, N], an empty group's block zero."""
+             -> [G, K, N], an empty group's block zero, the block of a group that starts or
+             ends off a multiple of 16 tokens NaN (TMA cannot read it; the weight gradient
+             pads each group to 16)."""
     _check(a, b, scale_a, scale_b, offs)
     if b.dim() == 3:
         (M, K), (E, _, N) = a.shape, b.shape
@@ -205,11 +216,13 @@ def scaled_grouped_mm(
     shared = (scale_a.contiguous(), scale_b.contiguous(), tc.as_bits(out), offs)  # both kernels' middle arguments
     grid = lambda meta: (sms * meta["PER_SM"],)  # noqa: E731
     if b.dim() == 3:
-        args = (a_op, a.stride(0), b_op, b.stride(0), b.stride(2), *shared, M, N, K)
-        launch_tuned(_gemm_2d3d_kernel, _gemm_2d3d_tuned, (N, K), grid, args, consts, INTERPRETER_CONFIG)
+        rows = tc.pow2(M // max(E, 1))
+        args = (a_op, a.stride(0), b_op, b.stride(0), b.stride(2), *shared, M, N, K, rows)
+        launch_tuned(_gemm_2d3d_kernel, _gemm_2d3d_tuned, (N, K, rows), grid, args, consts, INTERPRETER_CONFIG)
     else:
-        args = (a_op, a.stride(0), b_op, b.stride(1), *shared, T, K, N)
-        launch_tuned(_gemm_2d2d_kernel, _gemm_2d2d_tuned, (K, N), grid, args, consts, INTERPRETER_CONFIG)
+        rows = tc.pow2(T // max(E, 1))
+        args = (a_op, a.stride(0), b_op, b.stride(1), *shared, T, K, N, rows)
+        launch_tuned(_gemm_2d2d_kernel, _gemm_2d2d_tuned, (K, N, rows), grid, args, consts, INTERPRETER_CONFIG)
     return out
 
 

@@ -88,6 +88,25 @@ def test_2d2d_matches_emulation(case):
     _assert_close_to_emulation(out[~empty], want[~empty])
 
 
+def test_2d2d_group_ends_off_multiples_of_16():
+    """Groups that start or end off a multiple of 16 tokens (the weight gradient pads every
+    group; a direct call need not), which TMA cannot read: their blocks are NaN, not a fault on a
+    GPU; the other groups' blocks are right and an empty group's is zero."""
+    g = torch.Generator().manual_seed(3)
+    sizes, K, N = [16, 5, 11, 32, 0, 7], 48, 40
+    offs = make_offs(sizes, DEVICE)
+    T = 80  # past offs[-1] = 71: tokens no group holds
+    a_KT = (torch.randn(K, T, generator=g) * 8).to(F8).to(DEVICE)
+    b_TN = (torch.randn(N, T, generator=g) * 8).to(F8).to(DEVICE).t()
+    scales = [2.0 ** torch.randint(-4, 5, (len(sizes) * C,), generator=g).float().to(DEVICE) for C in (K, N)]
+    out = triton_fp8_gemm.scaled_grouped_mm(a_KT, b_TN, *scales, offs)
+    # on the CPU: torch's grouped GEMM, which the emulation calls on a GPU, asserts on such groups
+    want = rowwise.scaled_grouped_mm(a_KT.cpu(), b_TN.cpu(), *[t.cpu() for t in scales], offs.cpu()).to(DEVICE)
+    assert torch.isnan(out[[1, 2, 5]]).all()
+    assert torch.all(out[4] == 0)
+    _assert_close_to_emulation(out[[0, 3]], want[[0, 3]])
+
+
 def test_2d2d_nan_stays_in_its_group():
     """A group's contraction ends at its own last token: NaN tokens of the next group (which a
     tile's last step would reach, both operands read past the end) leave it finite."""
