@@ -34,10 +34,9 @@ def _quantize_groups_kernel(
     """Program (g, q): features q*BK.. of token group g. One pass over the group's rows takes
     their max |x| per feature (on the bits, NaN above inf, as `triton_common.block_amax`); a
     second casts them, transposed, into the group's padded columns of y[K, Mp], padding as byte
-    0. The second pass reads what the first just read, from L2 where the group's slab of BK
-    features fits in it beside the other programs' in flight: one read of x from memory, and no
-    other kernel. The last group's programs also zero the columns past every group, program
-    (0, 0) writes the padded group ends."""
+    0. The second pass rereads what the first just read, which L2 may still hold beside the
+    slabs of the other programs in flight; no other kernel runs. The last group's programs also
+    zero the columns past every group, program (0, 0) writes the padded group ends."""
     g = tl.program_id(0)
     k = tl.program_id(1) * BK + tl.arange(0, BK)
     k_ok = k < K
