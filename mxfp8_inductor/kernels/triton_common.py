@@ -110,6 +110,17 @@ def store_f32(ptr, y, mask, OUT_BF16: tl.constexpr, HW_CVT: tl.constexpr):
 
 
 @triton.jit
+def bf16_tile(y, HW_CVT: tl.constexpr):
+    """fp32 y rounded to nearest even as `store_f32` stores it: bf16 by the hardware cast, or
+    int16 bits in integer math (the interpreter), for a store through a tensor descriptor."""
+    if HW_CVT:
+        tile = y.to(tl.bfloat16)
+    else:
+        tile = bf16_bits(y).to(tl.int16)
+    return tile
+
+
+@triton.jit
 def bf16_bits(y):
     """The bf16 bit pattern (in int32) of fp32 y rounded to nearest even, NaN kept, in integer
     math: the interpreter flushes subnormals in its casts."""

@@ -48,6 +48,9 @@ GPU_CONFIGS = [
     triton.Config({"BM": 128, "BN": 128, "BK": 128, "FLATTEN": False, "PER_SM": 2}, num_warps=4, num_stages=3),
     triton.Config({"BM": 128, "BN": 128, "BK": 128, "FLATTEN": True, "PER_SM": 2}, num_warps=4, num_stages=3),
 ]
+# the weight gradient's 2d-2d kernel also holds its output tile in shared memory for the TMA
+# store: two programs of 128 x 128 tiles and 3 stages each no longer fit one SM
+WGRAD_CONFIGS = [c for c in GPU_CONFIGS if c.kwargs["BM"] == 256]
 # the interpreter: small tiles keep CPU tests fast
 INTERPRETER_CONFIG = {"BM": 32, "BN": 32, "BK": 32, "FLATTEN": False, "PER_SM": 1}
 
@@ -109,7 +112,7 @@ _gemm_2d3d_tuned = triton.autotune(GPU_CONFIGS, key=["N", "K", "rows_per_group_p
 @triton.jit
 def _gemm_2d2d_kernel(
     a_ptr, s_ak, b_ptr, s_bn, sa_ptr, sb_ptr, out_ptr, offs_ptr, T, K, N, rows_per_group_p2,
-    E: tl.constexpr, EP: tl.constexpr, HW_CVT: tl.constexpr,
+    E: tl.constexpr, EP: tl.constexpr, HW_CVT: tl.constexpr, TMA_STORE: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FLATTEN: tl.constexpr, PER_SM: tl.constexpr,
 ):
     """out[g] [K, N] = A[:, group g] @ B[:, group g]^T, scaled by sa[g, k] sb[g, n]: A [K, T] and
@@ -119,12 +122,16 @@ def _gemm_2d2d_kernel(
     past it rather than the next group's tokens. A group whose start or end is not a multiple of
     16 tokens is not read and its block is NaN: TMA faults on it (an illegal instruction on the
     H200, which ends the process's CUDA context), and only a direct call meets it, since the
-    weight gradient pads every group to 16 (`rowwise.quantize_groups`). rows_per_group_p2 is
-    only part of the autotuner's key."""
+    weight gradient pads every group to 16 (`rowwise.quantize_groups`). With TMA_STORE (rows of
+    out 16-byte aligned) the epilogue stores a tile by TMA through one descriptor of out
+    [E, K, N], which clips the tile at K and N: the copy leaves the registers at once and runs
+    under the next tile's loads. rows_per_group_p2 is only part of the autotuner's key."""
     k_tiles, n_tiles = tl.cdiv(K, BM), tl.cdiv(N, BN)
     per_group = k_tiles * n_tiles
     starts = tc.group_ends(offs_ptr, E, EP, T, 1)
     ends = tc.group_ends(offs_ptr, E, EP, T, 0)
+    if TMA_STORE:
+        out_desc = tl.make_tensor_descriptor(out_ptr, [E, K, N], [K.to(tl.int64) * N, N, 1], [1, BM, BN])
     for t in tl.range(tl.program_id(0), E * per_group, tl.num_programs(0), flatten=FLATTEN):
         g = t // per_group + tl.zeros([1], dtype=tl.int32)  # 1 lane: the helpers take blocks
         start, end = tl.sum(tc.lane_value(starts, g)), tl.sum(tc.lane_value(ends, g))
@@ -144,11 +151,15 @@ def _gemm_2d2d_kernel(
         k_ok, n_ok = k < K, n < N
         sa = tl.load(sa_ptr + e * K + k, mask=k_ok, other=0.0)
         sb = tl.load(sb_ptr + e * N + n, mask=n_ok, other=0.0)
-        out = out_ptr + e.to(tl.int64) * K * N + k.to(tl.int64)[:, None] * N + n[None, :]
-        tc.store_f32(out, acc * sa[:, None] * sb[None, :], k_ok[:, None] & n_ok[None, :], True, HW_CVT)
+        y = acc * sa[:, None] * sb[None, :]
+        if TMA_STORE:
+            out_desc.store([e, k0, n0], tc.bf16_tile(y, HW_CVT).reshape(1, BM, BN))
+        else:
+            out = out_ptr + e.to(tl.int64) * K * N + k.to(tl.int64)[:, None] * N + n[None, :]
+            tc.store_f32(out, y, k_ok[:, None] & n_ok[None, :], True, HW_CVT)
 
 
-_gemm_2d2d_tuned = triton.autotune(GPU_CONFIGS, key=["K", "N", "rows_per_group_p2"])(_gemm_2d2d_kernel)
+_gemm_2d2d_tuned = triton.autotune(WGRAD_CONFIGS, key=["K", "N", "rows_per_group_p2"])(_gemm_2d2d_kernel)
 
 
 def _check(a, b, scale_a, scale_b, offs) -> None:
@@ -222,6 +233,7 @@ def scaled_grouped_mm(
     else:
         rows = tc.pow2(T // max(E, 1))
         args = (a_op, a.stride(0), b_op, b.stride(1), *shared, T, K, N, rows)
+        consts["TMA_STORE"] = N % 8 == 0  # bf16 rows of a multiple of 16 bytes
         launch_tuned(_gemm_2d2d_kernel, _gemm_2d2d_tuned, (K, N, rows), grid, args, consts, INTERPRETER_CONFIG)
     return out
 
