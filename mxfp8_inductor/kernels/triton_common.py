@@ -98,21 +98,20 @@ def load_f32(ptr, mask):
 def store_f32(ptr, y, mask, OUT_BF16: tl.constexpr, HW_CVT: tl.constexpr):
     """Store fp32 as fp32, or as bf16 rounded to nearest even: by the hardware cast (to a bf16
     pointer or to int16 bits) or in integer math (int16 bits, for the interpreter; see `as_bits`)."""
-    if OUT_BF16 and HW_CVT:
-        if ptr.dtype.element_ty == tl.int16:
-            tl.store(ptr, y.to(tl.bfloat16).to(tl.int16, bitcast=True), mask=mask)
-        else:
-            tl.store(ptr, y.to(tl.bfloat16), mask=mask)
-    elif OUT_BF16:
-        tl.store(ptr, bf16_bits(y).to(tl.int16), mask=mask)
+    if OUT_BF16:
+        tile = bf16_tile(y, HW_CVT)
+        if HW_CVT:
+            if ptr.dtype.element_ty == tl.int16:
+                tile = tile.to(tl.int16, bitcast=True)
+        tl.store(ptr, tile, mask=mask)
     else:
         tl.store(ptr, y, mask=mask)
 
 
 @triton.jit
 def bf16_tile(y, HW_CVT: tl.constexpr):
-    """fp32 y rounded to nearest even as `store_f32` stores it: bf16 by the hardware cast, or
-    int16 bits in integer math (the interpreter), for a store through a tensor descriptor."""
+    """fp32 y rounded to nearest even: bf16 by the hardware cast, or its int16 bits in integer
+    math (the interpreter, see `bf16_bits`); what `store_f32` and tensor-descriptor stores write."""
     if HW_CVT:
         tile = y.to(tl.bfloat16)
     else:
