@@ -11,12 +11,12 @@ does (on the H200 the two agree bit for bit). The rowwise scales are powers of t
 them to the fp32 accumulator in the epilogue equals the emulation's dequantize-then-multiply up
 to summation order.
 
-No host sync: `offs` is never read on the host. The kernel is persistent (one or two programs
-per SM, by config): output tiles are counted row tile by column tile, row tiles group after
-group, and each program finds a tile's group in a table built in registers. A tile never
-spans two groups; its rows past the group's end are loaded but never stored. In 2d-2d a tile's
-contraction ends at its group's end: its descriptors are made per tile with the token dim ending
-there (TMA fills zeros past it).
+No host sync: `offs` is never read on the host. Both kernels are persistent (one or two
+programs per SM, by config) and find a tile's group in a table built in registers. In 2d-3d
+output tiles are counted row tile by column tile, row tiles group after group; a tile never
+spans two groups, and its rows past the group's end are loaded but never stored. In 2d-2d a
+tile's contraction ends at its group's end: a run of a group's tiles shares descriptors made
+with the token dim ending there (TMA fills zeros past it).
 
 On GPU the float8 tiles go to `tl.dot` as they are; the interpreter has no float8 arithmetic, so
 there the kernel gets the bytes, decodes them to fp32 in integer math and multiplies in IEEE fp32
@@ -37,10 +37,10 @@ from .launch import launch_tuned
 
 F8 = torch.float8_e4m3fn
 
-# GPU: Hopper FP8 tiles (BK = 128 bytes: one 128-byte swizzled row per operand row), tuned per
-# shape; PER_SM programs per SM. FLATTEN pipelines the next tile's loads under this one's
-# epilogue, and two programs of 128 x 128 tiles on one SM run one's epilogue under the other's
-# main loop: both pay where the contraction is short (the weight gradient of small token groups).
+# GPU, the 2d-3d kernel: Hopper FP8 tiles (BK = 128 bytes: one 128-byte swizzled row per operand
+# row), tuned per shape; PER_SM programs per SM. FLATTEN pipelines the next tile's loads under
+# this one's epilogue, and two programs of 128 x 128 tiles on one SM run one's epilogue under the
+# other's main loop.
 GPU_CONFIGS = [
     triton.Config({"BM": 256, "BN": 128, "BK": 128, "FLATTEN": False, "PER_SM": 1}, num_warps=8, num_stages=3),
     triton.Config({"BM": 256, "BN": 128, "BK": 128, "FLATTEN": True, "PER_SM": 1}, num_warps=8, num_stages=3),
@@ -49,10 +49,15 @@ GPU_CONFIGS = [
     triton.Config({"BM": 128, "BN": 128, "BK": 128, "FLATTEN": True, "PER_SM": 2}, num_warps=4, num_stages=3),
 ]
 # the weight gradient's 2d-2d kernel also holds its output tile in shared memory for the TMA
-# store: two programs of 128 x 128 tiles and 3 stages each no longer fit one SM
-WGRAD_CONFIGS = [c for c in GPU_CONFIGS if c.kwargs["BM"] == 256]
-# the interpreter: small tiles keep CPU tests fast
+# store, so one program of 256 x 128 tiles per SM. RUN tiles of a group share their descriptors
+# and one pipeline: longer runs pay less per tile, shorter ones balance uneven groups better
+WGRAD_CONFIGS = [
+    triton.Config({"BM": 256, "BN": 128, "BK": 128, "RUN": run, "PER_SM": 1}, num_warps=8, num_stages=3)
+    for run in (2, 4, 8)
+]
+# the interpreter: small tiles keep CPU tests fast; runs of two tiles, so some are cut short
 INTERPRETER_CONFIG = {"BM": 32, "BN": 32, "BK": 32, "FLATTEN": False, "PER_SM": 1}
+WGRAD_INTERPRETER_CONFIG = {"BM": 32, "BN": 32, "BK": 32, "RUN": 2, "PER_SM": 1}
 
 
 @triton.jit
@@ -110,53 +115,79 @@ _gemm_2d3d_tuned = triton.autotune(GPU_CONFIGS, key=["N", "K", "rows_per_group_p
 
 
 @triton.jit
+def _store_tile(out, y, e, k0, n0, K, N, HW_CVT: tl.constexpr, TMA_STORE: tl.constexpr,
+                BM: tl.constexpr, BN: tl.constexpr):
+    """Store fp32 tile y as bf16 at out[e, k0:k0 + BM, n0:n0 + BN]: by TMA through descriptor
+    `out` (which clips at K and N), else through pointer `out`, masked."""
+    if TMA_STORE:
+        out.store([e, k0, n0], tc.bf16_tile(y, HW_CVT).reshape(1, BM, BN))
+    else:
+        k = k0 + tl.arange(0, BM)
+        n = n0 + tl.arange(0, BN)
+        ptr = out + e.to(tl.int64) * K * N + k.to(tl.int64)[:, None] * N + n[None, :]
+        tc.store_f32(ptr, y, (k < K)[:, None] & (n < N)[None, :], True, HW_CVT)
+
+
+@triton.jit
 def _gemm_2d2d_kernel(
     a_ptr, s_ak, b_ptr, s_bn, sa_ptr, sb_ptr, out_ptr, offs_ptr, T, K, N, rows_per_group_p2,
     E: tl.constexpr, EP: tl.constexpr, HW_CVT: tl.constexpr, TMA_STORE: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FLATTEN: tl.constexpr, PER_SM: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, RUN: tl.constexpr, PER_SM: tl.constexpr,
 ):
     """out[g] [K, N] = A[:, group g] @ B[:, group g]^T, scaled by sa[g, k] sb[g, n]: A [K, T] and
-    B [N, T] K-major along the grouped tokens T. Persistent like `_gemm_2d3d_kernel`; tiles are
-    counted group by group, so the programs in flight share a group's operands in L2. Each tile
-    makes its descriptors with the token dim ending at its group's end, so TMA reads zeros
-    past it rather than the next group's tokens. A group whose start or end is not a multiple of
-    16 tokens is not read and its block is NaN: TMA faults on it (an illegal instruction on the
-    H200, which ends the process's CUDA context), and only a direct call meets it, since the
-    weight gradient pads every group to 16 (`rowwise.quantize_groups`). With TMA_STORE (rows of
-    out 16-byte aligned) the epilogue stores a tile by TMA through one descriptor of out
-    [E, K, N], which clips the tile at K and N: the copy leaves the registers at once and runs
-    under the next tile's loads. rows_per_group_p2 is only part of the autotuner's key."""
+    B [N, T] K-major along the grouped tokens T. Persistent; its work unit is a run of at most RUN
+    output tiles of one group side by side along N (one row tile of out[g] cut into runs of equal
+    length, to a tile), units counted group
+    by group, so the programs in flight share a few groups' operands in L2. A unit makes its two
+    load descriptors once, with the token dim ending at its group's end (TMA reads zeros past
+    it rather than the next group's tokens), and walks its tiles' contraction steps in one loop,
+    which the compiler pipelines across tiles: the next tile's loads run under this one's
+    epilogue. Contractions of 512 tokens are 4 steps of 128, so a descriptor pair per tile and a
+    pipeline refilled per tile would cost about as much as the MMA. A group whose start or end
+    is not a multiple of 16 tokens is not read and its block is NaN: TMA faults on it (an illegal
+    instruction on the H200, which ends the process's CUDA context), and only a direct call
+    meets it, since the weight gradient pads every group to 16 (`rowwise.quantize_groups`).
+    With TMA_STORE (rows of out 16-byte aligned) tiles are stored by TMA through one descriptor
+    of out [E, K, N]. rows_per_group_p2 is only part of the autotuner's key."""
     k_tiles, n_tiles = tl.cdiv(K, BM), tl.cdiv(N, BN)
-    per_group = k_tiles * n_tiles
+    runs = tl.cdiv(n_tiles, RUN)  # per row tile of out: runs of n_tiles // runs tiles or one more
+    per_group = k_tiles * runs
     starts = tc.group_ends(offs_ptr, E, EP, T, 1)
     ends = tc.group_ends(offs_ptr, E, EP, T, 0)
     if TMA_STORE:
-        out_desc = tl.make_tensor_descriptor(out_ptr, [E, K, N], [K.to(tl.int64) * N, N, 1], [1, BM, BN])
-    for t in tl.range(tl.program_id(0), E * per_group, tl.num_programs(0), flatten=FLATTEN):
-        g = t // per_group + tl.zeros([1], dtype=tl.int32)  # 1 lane: the helpers take blocks
-        start, end = tl.sum(tc.lane_value(starts, g)), tl.sum(tc.lane_value(ends, g))
-        k0 = (t % per_group) // n_tiles * BM
-        n0 = (t % n_tiles) * BN
-        readable = ((start % 16 == 0) & (end % 16 == 0)) | (start == end)
-        stop = tl.where(readable, end, start)  # no load of an unreadable group
-        a_desc = tl.make_tensor_descriptor(a_ptr, [K, tl.where(readable, end, 16)], [s_ak, 1], [BM, BK])
-        b_desc = tl.make_tensor_descriptor(b_ptr, [N, tl.where(readable, end, 16)], [s_bn, 1], [BN, BK])
-        acc = tl.zeros([BM, BN], dtype=tl.float32)
-        for m0 in range(start, stop, BK):
-            acc = _mma(acc, a_desc.load([k0, m0]), b_desc.load([n0, m0]), HW_CVT, BK)
-        acc = tl.where(readable, acc, float("nan"))
+        out = tl.make_tensor_descriptor(out_ptr, [E, K, N], [K.to(tl.int64) * N, N, 1], [1, BM, BN])
+    else:
+        out = out_ptr
+    for u in range(tl.program_id(0), E * per_group, tl.num_programs(0)):
+        g = u // per_group + tl.zeros([1], dtype=tl.int32)  # 1 lane: the helpers take blocks
         e = tl.sum(g)
-        k = k0 + tl.arange(0, BM)
-        n = n0 + tl.arange(0, BN)
-        k_ok, n_ok = k < K, n < N
-        sa = tl.load(sa_ptr + e * K + k, mask=k_ok, other=0.0)
-        sb = tl.load(sb_ptr + e * N + n, mask=n_ok, other=0.0)
-        y = acc * sa[:, None] * sb[None, :]
-        if TMA_STORE:
-            out_desc.store([e, k0, n0], tc.bf16_tile(y, HW_CVT).reshape(1, BM, BN))
+        start, end = tl.sum(tc.lane_value(starts, g)), tl.sum(tc.lane_value(ends, g))
+        k0 = (u % per_group) // runs * BM
+        r = u % runs
+        j0 = r * n_tiles // runs
+        tiles = (r + 1) * n_tiles // runs - j0
+        readable = ((start % 16 == 0) & (end % 16 == 0)) | (start == end)
+        steps = tl.where(readable, (end - start + BK - 1) // BK, 0)
+        if steps == 0:  # an empty group's block is zero, an unreadable one's NaN
+            fill = tl.zeros([BM, BN], dtype=tl.float32) + tl.where(readable, 0.0, float("nan"))
+            for j in range(j0, j0 + tiles):
+                _store_tile(out, fill, e, k0, j * BN, K, N, HW_CVT, TMA_STORE, BM, BN)
         else:
-            out = out_ptr + e.to(tl.int64) * K * N + k.to(tl.int64)[:, None] * N + n[None, :]
-            tc.store_f32(out, y, k_ok[:, None] & n_ok[None, :], True, HW_CVT)
+            a_desc = tl.make_tensor_descriptor(a_ptr, [K, end], [s_ak, 1], [BM, BK])
+            b_desc = tl.make_tensor_descriptor(b_ptr, [N, end], [s_bn, 1], [BN, BK])
+            k = k0 + tl.arange(0, BM)
+            sa = tl.load(sa_ptr + e * K + k, mask=k < K, other=0.0)
+            acc = tl.zeros([BM, BN], dtype=tl.float32)
+            for i in range(0, tiles * steps):
+                s = i % steps
+                n0 = (j0 + i // steps) * BN
+                m0 = start + s * BK
+                acc = _mma(acc, a_desc.load([k0, m0]), b_desc.load([n0, m0]), HW_CVT, BK)
+                if s == steps - 1:
+                    n = n0 + tl.arange(0, BN)
+                    sb = tl.load(sb_ptr + e * N + n, mask=n < N, other=0.0)
+                    _store_tile(out, acc * sa[:, None] * sb[None, :], e, k0, n0, K, N, HW_CVT, TMA_STORE, BM, BN)
+                    acc = tl.zeros([BM, BN], dtype=tl.float32)
 
 
 _gemm_2d2d_tuned = triton.autotune(WGRAD_CONFIGS, key=["K", "N", "rows_per_group_p2"])(_gemm_2d2d_kernel)
@@ -234,7 +265,7 @@ def scaled_grouped_mm(
         rows = tc.pow2(T // max(E, 1))
         args = (a_op, a.stride(0), b_op, b.stride(1), *shared, T, K, N, rows)
         consts["TMA_STORE"] = N % 8 == 0  # bf16 rows of a multiple of 16 bytes
-        launch_tuned(_gemm_2d2d_kernel, _gemm_2d2d_tuned, (K, N, rows), grid, args, consts, INTERPRETER_CONFIG)
+        launch_tuned(_gemm_2d2d_kernel, _gemm_2d2d_tuned, (K, N, rows), grid, args, consts, WGRAD_INTERPRETER_CONFIG)
     return out
 
 

@@ -73,6 +73,7 @@ WGRAD_CASES = {
     "empty_last": ([33, 0], 16, 64),
     "smaller_than_a_tile": ([1, 5, 0, 2, 31], 16, 8),
     "rows_off_16_bytes": ([40, 0, 17, 64], 48, 36),  # no TMA store: stored through pointers
+    "runs_of_unequal_length": ([40, 0, 17, 64], 48, 72),  # 3 column tiles in runs of at most 2
 }
 
 
