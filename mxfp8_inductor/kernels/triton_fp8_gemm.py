@@ -137,13 +137,12 @@ def _gemm_2d2d_kernel(
     """out[g] [K, N] = A[:, group g] @ B[:, group g]^T, scaled by sa[g, k] sb[g, n]: A [K, T] and
     B [N, T] K-major along the grouped tokens T. Persistent; its work unit is a run of at most RUN
     output tiles of one group side by side along N (one row tile of out[g] cut into runs of equal
-    length, to a tile), units counted group
-    by group, so the programs in flight share a few groups' operands in L2. A unit makes its two
+    length, to a tile), units counted group by group, so the programs in flight share a few
+    groups' operands in L2. A unit makes its two
     load descriptors once, with the token dim ending at its group's end (TMA reads zeros past
     it rather than the next group's tokens), and walks its tiles' contraction steps in one loop,
     which the compiler pipelines across tiles: the next tile's loads run under this one's
-    epilogue. Contractions of 512 tokens are 4 steps of 128, so a descriptor pair per tile and a
-    pipeline refilled per tile would cost about as much as the MMA. A group whose start or end
+    epilogue (a contraction of 512 tokens is only 4 steps of 128). A group whose start or end
     is not a multiple of 16 tokens is not read and its block is NaN: TMA faults on it (an illegal
     instruction on the H200, which ends the process's CUDA context), and only a direct call
     meets it, since the weight gradient pads every group to 16 (`rowwise.quantize_groups`).
