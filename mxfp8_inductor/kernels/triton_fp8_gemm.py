@@ -138,11 +138,11 @@ def _gemm_2d2d_kernel(
     B [N, T] K-major along the grouped tokens T. Persistent; its work unit is a run of at most RUN
     output tiles of one group side by side along N (one row tile of out[g] cut into runs of equal
     length, to a tile), units counted group by group, so the programs in flight share a few
-    groups' operands in L2. A unit makes its two
-    load descriptors once, with the token dim ending at its group's end (TMA reads zeros past
-    it rather than the next group's tokens), and walks its tiles' contraction steps in one loop,
-    which the compiler pipelines across tiles: the next tile's loads run under this one's
-    epilogue (a contraction of 512 tokens is only 4 steps of 128). A group whose start or end
+    groups' operands in L2. A unit makes its two load descriptors once, with the token dim
+    ending at its group's end (TMA reads zeros past it rather than the next group's tokens), and
+    walks its tiles' contraction steps in one loop, which the compiler pipelines across tiles:
+    the next tile's loads run under this one's epilogue (a contraction of 512 tokens is only 4
+    steps of 128). A group whose start or end
     is not a multiple of 16 tokens is not read and its block is NaN: TMA faults on it (an illegal
     instruction on the H200, which ends the process's CUDA context), and only a direct call
     meets it, since the weight gradient pads every group to 16 (`rowwise.quantize_groups`).
