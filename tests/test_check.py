@@ -30,14 +30,18 @@ def _assert_equivalent(model, inputs, **options):
         assert result.op_calls > 0 and result.passed, str(result)
 
 
-def _tiny(model_type, seed=0):
+def _reason(e: Exception) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+
+
+def _tiny(model_type, seed=0, layers=2):
     torch.manual_seed(seed)
     try:
-        return check.transformers_model(model_type)
+        return check.transformers_model(model_type, layers=layers)
     except Exception as e:  # noqa: BLE001  (any failure of the library's own constructors is the reason)
         if model_type in NAMED:
             raise
-        pytest.skip(f"{model_type} does not build tiny: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+        pytest.skip(f"{model_type} does not build tiny: {_reason(e)}")
 
 
 @pytest.mark.slow
@@ -67,7 +71,8 @@ def test_gpt_oss_with_excluded_and_fp32_experts():
 @pytest.mark.slow
 @pytest.mark.interpreter
 def test_fused_path_adds_no_error(monkeypatch):
-    """The pass on the fused MXFP8 GEMMs (Triton interpreter) against the op at the same sites."""
+    """The pass on the fused MXFP8 GEMMs (Triton interpreter) against the op at the same sites,
+    one layer deep (the interpreter runs each GEMM's programs one by one)."""
     from mxfp8_inductor.kernels import triton_mx_gemm
     from mxfp8_inductor.lowering import mxfp8 as mx_lowering
     from mxfp8_inductor.registry import Route
@@ -77,7 +82,7 @@ def test_fused_path_adds_no_error(monkeypatch):
     for name in ("grouped_mm", "grouped_mm_wgrad"):
         kernel = getattr(triton_mx_gemm, name)
         monkeypatch.setattr(triton_mx_gemm, name, lambda *a, kernel=kernel, **k: calls.append(1) or kernel(*a, **k))
-    model, inputs = _tiny("qwen3_moe")
+    model, inputs = _tiny("qwen3_moe", layers=1)
     (result,) = check.compare(model.bfloat16(), inputs, recipes=("mxfp8",), compiler=GRAPH)
     assert result.op_calls > 0 and result.passed, str(result)
     assert len(calls) == 2 * 3 * result.op_calls  # three GEMMs per site, in the op run and the pass's
@@ -93,7 +98,7 @@ def test_a_pass_that_adds_error_fails_the_bar(monkeypatch):
     monkeypatch.setitem(decomposition.decompositions, op, lambda *a, **k: right(*a, **k) * (1 + 2**-4))
     decomposition.fast_random_decomps.cache_clear()
     try:
-        model, inputs = _tiny("qwen3_moe")
+        model, inputs = _tiny("qwen3_moe", layers=1)
         (result,) = check.compare(model.bfloat16(), inputs, recipes=("mxfp8",), compiler=GRAPH)
     finally:
         decomposition.fast_random_decomps.cache_clear()
@@ -104,35 +109,50 @@ FAMILIES = check.transformers_families()
 RECIPES = ("mxfp8", "fp8_rowwise")
 
 
+def _family_model(model_type):
+    """The family's tiny model one layer deep where that layer calls the experts' grouped mm in
+    bf16, else two deep (hybrid stacks); a skip where neither builds, runs and calls it."""
+    for layers in (1, 2):
+        try:
+            torch.manual_seed(0)
+            model, inputs = check.transformers_model(model_type, layers=layers)
+            probe = check.OpAtSites(MXFP8Config(), model)
+            with probe, torch.no_grad():
+                model.bfloat16()(*inputs)
+        except Exception as e:  # noqa: BLE001  (the library's own constructors or forward fail on the tiny config)
+            if layers == 1:
+                continue
+            if model_type in NAMED:
+                raise
+            pytest.skip(f"{model_type} does not build or run tiny in bf16: {_reason(e)}")
+        if probe.calls:
+            return model, inputs
+    assert model_type not in NAMED
+    pytest.skip(f"{model_type}: the tiny config has no grouped-mm expert call in its first 2 layers")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_every_transformers_grouped_mm_family(model_type):
-    """Both recipes on the named families; on the others one recipe each, in turn along the
-    sorted list (finding and rewriting the sites does not depend on the recipe): a compile less
-    per family keeps the sweep within CI's time."""
-    model, inputs = _tiny(model_type)
-    probe = check.OpAtSites(MXFP8Config(), model)
-    try:
-        with probe, torch.no_grad():
-            model.bfloat16()(*inputs)
-    except Exception as e:  # noqa: BLE001  (the library's own forward fails on the tiny config)
-        assert model_type not in NAMED
-        pytest.skip(f"{model_type} does not run tiny in bf16: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
-    if probe.calls == 0:
-        assert model_type not in NAMED
-        pytest.skip(f"{model_type}: the tiny config has no grouped-mm expert call in its first 2 layers")
+    """One layer deep where that layer calls the experts, else two (hybrid stacks). Both recipes
+    on the named families; on the others one recipe each, in turn along the sorted list (finding
+    and rewriting the sites does not depend on the recipe): the depth and a compile less per
+    family keep the sweep within CI's time."""
+    model, inputs = _family_model(model_type)
     recipes = RECIPES if model_type in NAMED else (RECIPES[FAMILIES.index(model_type) % 2],)
     _assert_equivalent(model, inputs, recipes=recipes, compiler=GRAPH)
 
 
 def _torchtitan(module, flavor):
-    """First 2 layers; causal SDPA attention, since FlexAttention has no backward on CPU."""
+    """The layers up to the first MoE one; causal SDPA attention, since FlexAttention has no
+    backward on CPU."""
     registry = pytest.importorskip(f"torchtitan.models.{module}").model_registry
     from torchtitan.models.common.attention import ScaledDotProductAttention
 
     config = registry(flavor).model
+    depth = next(i for i, layer in enumerate(config.layers) if getattr(layer, "moe", None)) + 1
     layers = [dataclasses.replace(layer, attention=dataclasses.replace(
-        layer.attention, inner_attention=ScaledDotProductAttention.Config())) for layer in config.layers[:2]]
+        layer.attention, inner_attention=ScaledDotProductAttention.Config())) for layer in config.layers[:depth]]
     torch.manual_seed(0)
     model = dataclasses.replace(config, layers=layers).build()
     model.init_states()
@@ -143,6 +163,6 @@ def _torchtitan(module, flavor):
 @pytest.mark.parametrize("module, flavor", [("deepseek_v3", "debugmodel"), ("qwen3", "debugmodel_moe"),
                                             ("gpt_oss", "debugmodel")])
 def test_torchtitan_models(module, flavor):
-    """TorchTitan's own MoE models from their registered configs, first 2 layers."""
+    """TorchTitan's own MoE models from their registered configs, up to their first MoE layer."""
     model, inputs = _torchtitan(module, flavor)
     _assert_equivalent(model, inputs, compiler=GRAPH)

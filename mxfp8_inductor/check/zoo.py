@@ -70,14 +70,16 @@ def text_config(name: str):
     return config.get_text_config()
 
 
-def transformers_model(name: str, tiny: bool = True) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+def transformers_model(
+    name: str, tiny: bool = True, layers: int = TINY["num_hidden_layers"]
+) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     """A causal LM (or base model) of a model type, Hub id or config folder, random init, with
-    2 x 16 token ids as input."""
+    2 x 16 token ids as input; `tiny`: at the `TINY` sizes, `layers` deep."""
     import transformers
 
     config = text_config(name)
     if tiny:
-        config = tiny_config(config)
+        config = tiny_config(config, {**TINY, "num_hidden_layers": layers})
     try:
         model = transformers.AutoModelForCausalLM.from_config(config)
     except ValueError:  # no causal-LM head registered for this type

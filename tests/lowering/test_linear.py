@@ -102,9 +102,9 @@ def test_linear_op_rejects_bad_input():
         mx.linear(torch.randn(8, 64).bfloat16(), torch.randn(64, 64).bfloat16(), torch.zeros(3).bfloat16())
 
 
-def _model():
+def _model(layers=2):
     torch.manual_seed(0)
-    return MoEModel(layers=2, shared_expert=True).bfloat16(), torch.randn(2, 32, 64, dtype=torch.bfloat16)
+    return MoEModel(layers=layers, shared_expert=True).bfloat16(), torch.randn(2, 32, 64, dtype=torch.bfloat16)
 
 
 def test_dense_sites_are_found_and_decided_only_with_targets_all():
@@ -149,9 +149,11 @@ def test_excluded_dense_layers_are_bitwise_plain_compile():
 
 
 def test_dense_sites_add_no_error_of_their_own():
-    model, x = _model()
+    """One layer (three Inductor compiles on CI's CPUs): its shared expert's two linears and
+    the routed experts' three grouped GEMMs."""
+    model, x = _model(layers=1)
     for result in check.compare(model, (x,), targets="all", dense_min_dim=64):
-        assert result.sites_rewritten == 10 and result.op_calls == 10 and result.passed, str(result)
+        assert result.sites_rewritten == 5 and result.op_calls == 5 and result.passed, str(result)
 
 
 def test_marking_takes_routed_experts_only():
