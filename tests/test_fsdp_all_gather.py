@@ -18,7 +18,8 @@ import pytest
 import torch
 from helpers import assert_bitwise_equal
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("fsdp")]  # compiled training runs, spawned ranks: 1-2 minutes in all on two cores
+# compiled training runs, spawned ranks: 1-2 minutes in all on two cores
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("fsdp")]
 
 RECIPES = fsdp_worker.RECIPES
 WORLDS = (2, 4)
