@@ -18,8 +18,7 @@ import pytest
 import torch
 from helpers import assert_bitwise_equal
 
-# compiled training runs, spawned ranks: 1-2 minutes in all on two cores
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("fsdp")]
+pytestmark = pytest.mark.slow  # compiled training runs, spawned ranks: 1-2 minutes in all on two cores
 
 RECIPES = fsdp_worker.RECIPES
 WORLDS = (2, 4)

@@ -20,8 +20,7 @@ from mxfp8_inductor.patterns.sites import GROUPED_MM_FUNCTIONS
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "examples"))
 import hf_trainer  # noqa: E402
 
-# trains through Trainer with torch.compile: a minute
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("hf_trainer")]
+pytestmark = pytest.mark.slow  # trains through Trainer with torch.compile: a minute
 
 STEPS, BATCH, SEQ, LR = 6, 4, 32, 3e-3
 LAYERS = 2  # hf_trainer's tiny config

@@ -44,7 +44,6 @@ def single(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("train")
 def test_loss_falls_through_the_pass(single):
     summary, _, rows = single
     losses = summary["recipes"]["mxfp8"]["loss"]
@@ -57,7 +56,6 @@ def test_loss_falls_through_the_pass(single):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("train")
 def test_summary_and_log_format(single):
     summary, out, _ = single
     assert set(summary) == {"gpu", "torch", "date", "steps", "config", "recipes"}
@@ -123,7 +121,6 @@ def test_init_noise_nudges_every_weight_and_is_recorded():
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("train")
 def test_fsdp2_two_gloo_ranks_follow_single_process(single, tmp_path):
     """torchrun, two CPU ranks (gloo), FSDP2 per block and root, each block compiled with the pass
     and activation-checkpointed; the first 12 steps of the same schedule and global batch follow
