@@ -3,7 +3,7 @@ every kernel that reads it stays in bounds and computes what the reference compu
 group ends `reference.group_ends` makes of it (the Triton kernels in the interpreter, where an
 out-of-bounds access crashes or corrupts the process). Group tables of 1 to 64 lanes here; the
 512-lane table of `triton_common.group_table`, which every kernel shares, is test_300_groups's in
-test_triton_mx_gemm.py (the interpreter takes about a minute per quantizer call at 300 groups)."""
+test_triton_mx_gemm.py (at 300 groups the interpreter runs hundreds of programs per quantizer call)."""
 
 import pytest
 import torch
