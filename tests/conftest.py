@@ -30,3 +30,26 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "interpreter: runs Triton kernels on CPU tensors, so only without a GPU")
     config.addinivalue_line("markers", "slow: sweeps, fuzzing, training and multi-process runs (minutes each; "
                                        ".ci/run runs them, the README's test command does not)")
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """With `-n N` (xdist's `load`), run each module that has module-scoped fixtures (a training run,
+    process groups: minutes to build) on one worker, so that they are built once, and every other
+    test on whichever worker is free. xdist's own `xdist_group` marks do not reach its scheduler
+    under pytest 9 (it renames `Node._nodeid`, which pytest no longer reads)."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    shared: dict[str, bool] = {}
+
+    class FixtureModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            if module not in shared:
+                path = config.rootpath / module
+                shared[module] = path.suffix == ".py" and 'scope="module"' in path.read_text()
+            return module if shared[module] else nodeid
+
+    return FixtureModuleScheduling(config, log)
