@@ -71,15 +71,20 @@ def text_config(name: str):
 
 
 def transformers_model(
-    name: str, tiny: bool = True, layers: int = TINY["num_hidden_layers"]
+    name: str, tiny: bool = True, layers: int = TINY["num_hidden_layers"], full_attention: bool = False
 ) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     """A causal LM (or base model) of a model type, Hub id or config folder, random init, with
-    2 x 16 token ids as input; `tiny`: at the `TINY` sizes, `layers` deep."""
+    2 x 16 token ids as input; `tiny`: at the `TINY` sizes, `layers` deep. `full_attention`: a
+    hybrid stack's linear-attention layers become full attention (their reference implementations,
+    loops over each chunk's tokens, take minutes to trace; the pass never rewrites them)."""
     import transformers
 
     config = text_config(name)
+    hybrid = "full_attention" in (getattr(config, "layer_types", None) or [])
     if tiny:
         config = tiny_config(config, {**TINY, "num_hidden_layers": layers})
+    if full_attention and hybrid:
+        config.layer_types = ["full_attention" if k == "linear_attention" else k for k in config.layer_types]
     try:
         model = transformers.AutoModelForCausalLM.from_config(config)
     except ValueError:  # no causal-LM head registered for this type
