@@ -53,7 +53,7 @@ GPU_CONFIGS = [
 # and one pipeline: longer runs pay less per tile, shorter ones balance uneven groups better
 WGRAD_CONFIGS = [
     triton.Config({"BM": 256, "BN": 128, "BK": 128, "RUN": run, "PER_SM": 1}, num_warps=8, num_stages=3)
-    for run in (2, 4, 8)
+    for run in (2, 4, 8, 16)
 ]
 # the interpreter: small tiles keep CPU tests fast; runs of two tiles, so some are cut short
 INTERPRETER_CONFIG = {"BM": 32, "BN": 32, "BK": 32, "FLATTEN": False, "PER_SM": 1}
