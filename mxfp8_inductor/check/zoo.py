@@ -75,12 +75,15 @@ def transformers_model(
 ) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     """A causal LM (or base model) of a model type, Hub id or config folder, random init, with
     2 x 16 token ids as input; `tiny`: at the `TINY` sizes, `layers` deep. `full_attention`: a
-    hybrid stack's linear-attention layers become full attention (their reference implementations,
-    loops over each chunk's tokens, take minutes to trace; the pass never rewrites them)."""
+    hybrid stack's linear-attention layers become full attention where its config lists the
+    layers' kinds (their reference implementations, loops over each chunk's tokens, take minutes
+    to trace; the pass never rewrites them)."""
     import transformers
 
     config = text_config(name)
-    hybrid = "full_attention" in (getattr(config, "layer_types", None) or [])
+    # a stack that lists its layers' kinds, settable (Jamba derives its list from attention periods)
+    listed = not isinstance(getattr(type(config), "layer_types", None), property)
+    hybrid = listed and "full_attention" in (getattr(config, "layer_types", None) or [])
     if tiny:
         config = tiny_config(config, {**TINY, "num_hidden_layers": layers})
     if full_attention and hybrid:
