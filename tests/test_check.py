@@ -134,6 +134,18 @@ def _family_model(model_type):
     pytest.skip(f"{model_type}: the tiny config has no grouped-mm expert call in its first 2 layers")
 
 
+def test_full_attention_replaces_listed_linear_attention_only():
+    """The sweep's hybrid stacks: a listed linear-attention layer becomes full attention (its
+    module too); a stack whose config derives the list (Jamba's Mamba layers) is built as it is."""
+    model, _ = check.transformers_model("qwen3_next", layers=2, full_attention=True)
+    assert model.config.layer_types == ["full_attention", "full_attention"]
+    assert all(hasattr(layer, "self_attn") and not hasattr(layer, "linear_attn") for layer in model.model.layers)
+    model, _ = check.transformers_model("qwen3_next", layers=2)
+    assert model.config.layer_types == ["linear_attention", "linear_attention"]
+    jamba, _ = check.transformers_model("jamba", layers=2, full_attention=True)
+    assert jamba.config.layer_types == ["linear_attention", "linear_attention"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_every_transformers_grouped_mm_family(model_type):
