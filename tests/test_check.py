@@ -113,8 +113,9 @@ RECIPES = ("mxfp8", "fp8_rowwise")
 def _family_model(model_type):
     """The family's tiny model one layer deep where that layer calls the experts' grouped mm in
     bf16, else two deep (dense first layers); a skip where neither builds, runs and calls it.
-    Hybrid stacks take full attention in every layer: tracing a linear-attention layer's
-    reference implementation takes minutes, and the sweep is about the experts."""
+    Hybrid stacks that list their layers' kinds take full attention in every layer: tracing a
+    linear-attention layer's reference implementation takes minutes, and the sweep is about the
+    experts."""
     for layers in (1, 2):
         try:
             torch.manual_seed(0)
