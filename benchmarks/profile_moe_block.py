@@ -1,15 +1,26 @@
-"""Wall time vs GPU kernel time per compiled MoE-block training step, and the top CUDA kernels.
+"""Wall time vs GPU kernel time per compiled MoE-block training step, the kernel time by kind
+(GEMMs, quantization, the rest) and the top CUDA kernels.
 
     python benchmarks/profile_moe_block.py dsv3:bf16 dsv3:fp8_rowwise qwen3_30b:mxfp8 [--top 16]
+        [--out benchmarks/results/profile_moe_block_h200.json]
 
 Wall time well above kernel time means the step is bound by host work (Python, launches). The
 step does not clear the parameters' .grad, so each profile includes the gradient-accumulation adds
-(`CUDAFunctor_add`) that bench_moe_block.py does not run.
+(`CUDAFunctor_add`) that bench_moe_block.py does not run. Quantization is every kernel of the
+package that quantizes or dequantizes, and every kernel Inductor generated that writes float8
+(a quantization fused into its producer): Inductor's kernels are told apart by their source, so
+the script points Inductor's cache at a fresh directory.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
+import os
+import pathlib
+import re
+import tempfile
 import time
 
 import torch
@@ -18,8 +29,34 @@ from torch.profiler import ProfilerActivity, profile
 
 from mxfp8_inductor import mxfp8_backend  # also where the package is on PYTHONPATH, not installed
 
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="profile_moe_block_")  # read at each compile
 
-def profile_block(shape: str, recipe: str, top: int) -> None:
+
+# the package's kernels that quantize or dequantize (kernels/triton_mx_quant.py, triton_rowwise.py,
+# triton_mx_scale_layout.py)
+QUANTIZERS = {"mx_quant_kernel", "dequant_kernel", "_to_blocked_kernel", "_quantize_groups_kernel",
+              "_group_amax_kernel", "_cast_groups_t_kernel", "_weight_amax_kernel", "_weight_cast_kernel",
+              "_quantize_rows_kernel"}
+GEMM = re.compile(r"gemm|cutlass|nvjet|xmma|^_rows_kernel$|^_groups_kernel$", re.IGNORECASE)  # last two: fused MXFP8
+
+
+def inductor_fp8_writers() -> set[str]:
+    """Names of the Triton kernels Inductor generated in this process that store float8."""
+    names = set()
+    for path in pathlib.Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]).rglob("*.py"):
+        # each kernel's source runs from its def to the next kernel's
+        parts = re.split(r"(?m)^def (triton_\w+)\(", path.read_text(errors="replace"))
+        names.update(name for name, body in zip(parts[1::2], parts[2::2]) if "float8" in body)
+    return names
+
+
+def kind(name: str, fp8_writers: set[str]) -> str:
+    if name in QUANTIZERS or name in fp8_writers:
+        return "quantization"
+    return "gemm" if GEMM.search(name) else "other"
+
+
+def profile_block(shape: str, recipe: str, top: int) -> dict:
     torch._dynamo.reset()
     block, x, counts, grad = block_and_inputs(shape)
     if recipe == "bf16":
@@ -42,11 +79,18 @@ def profile_block(shape: str, recipe: str, top: int) -> None:
         for _ in range(5):
             step()
         torch.cuda.synchronize()
-    events = prof.key_averages()
-    total = sum(k.device_time_total for k in events) / 5 / 1e3
-    print(f"==== {shape} {recipe}: wall {wall:.3f} ms/step, kernels {total:.3f} ms/step", flush=True)
-    for k in sorted(events, key=lambda k: -k.device_time_total)[:top]:
-        print(f"{k.device_time_total / 5 / 1e3:8.3f} ms {k.count // 5:3d}x {k.key[:110]}")
+    events = [k for k in prof.key_averages() if k.device_time_total > 0]
+    fp8_writers = inductor_fp8_writers()
+    kernels = [{"name": k.key, "kind": kind(k.key, fp8_writers), "calls": k.count // 5,
+                "ms": k.device_time_total / 5 / 1e3} for k in sorted(events, key=lambda k: -k.device_time_total)]
+    by_kind = {c: sum(k["ms"] for k in kernels if k["kind"] == c) for c in ("gemm", "quantization", "other")}
+    total = sum(by_kind.values())
+    print(f"==== {shape} {recipe}: wall {wall:.3f} ms/step, kernels {total:.3f} ms/step ("
+          + ", ".join(f"{c} {ms:.3f}" for c, ms in by_kind.items()) + ")", flush=True)
+    for k in kernels[:top]:
+        print(f"{k['ms']:8.3f} ms {k['calls']:3d}x {k['kind'][:5]:5s} {k['name'][:100]}")
+    return {"shape": shape, "recipe": recipe, "wall_ms": wall, "kernel_ms": total,
+            **{f"{c}_ms": ms for c, ms in by_kind.items()}, "kernels": kernels}
 
 
 def main() -> None:
@@ -54,11 +98,16 @@ def main() -> None:
     p.add_argument("blocks", nargs="+", metavar="SHAPE:RECIPE",
                    help=f"shape ({', '.join(SHAPES)}) and recipe (bf16, mxfp8, fp8_rowwise)")
     p.add_argument("--top", type=int, default=16, help="kernels listed per profile")
+    p.add_argument("--out", help="also write every profile's kernels to this JSON file")
     args = p.parse_args()
     require_gpu()
-    for arg in args.blocks:
-        shape, recipe = arg.split(":")
-        profile_block(shape, recipe, args.top)
+    rows = [profile_block(*arg.split(":"), args.top) for arg in args.blocks]
+    if args.out:
+        import triton
+
+        with open(args.out, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+                       "date": datetime.date.today().isoformat(), "profiles": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -300,8 +300,8 @@ ROWS_TILE = (16, 256, 4)
 
 
 @triton.jit
-def _rows_kernel(x_ptr, s0, s1, s2, A, R, C, q_ptr, s_ptr,
-                 RCEIL: tl.constexpr, HW_CVT: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
+def _quantize_rows_kernel(x_ptr, s0, s1, s2, A, R, C, q_ptr, s_ptr,
+                          RCEIL: tl.constexpr, HW_CVT: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
     """Program p: rows p*BR.. of x seen as [R, C], row r at (r // A) * s0 + (r % A) * s1 and its
     elements s2 apart. Each row's max |x| (NaN as inf, as `triton_common.block_amax`) from one
     read, its cast from a second, into q[R, C] (row-major) and one float scale per row."""
@@ -340,9 +340,9 @@ def quantize_rows(x: torch.Tensor, rounding: str = "rceil") -> tuple[torch.Tenso
     if R and C:
         br, bc, warps = tile = ROWS_TILE
         tensors = (tc.as_bits(x3), q, scales)
-        key = (_rows_kernel, B, A, C, *x3.stride(), rounding, tile)
+        key = (_quantize_rows_kernel, B, A, C, *x3.stride(), rounding, tile)
         launch_keyed(key, tensors, lambda: (
-            _rows_kernel, (tc.cdiv(R, br),), (tensors[0], *x3.stride(), A, R, C, q, scales),
+            _quantize_rows_kernel, (tc.cdiv(R, br),), (tensors[0], *x3.stride(), A, R, C, q, scales),
             dict(RCEIL=rounding == "rceil", HW_CVT=x.is_cuda, BR=br, BC=bc, num_warps=warps),
         ))
     elif R:  # rows of no elements: the scale of zero rows, as the reference
