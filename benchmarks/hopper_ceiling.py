@@ -41,8 +41,7 @@ def _rate(rates: list[dict], role: str, rows: int, K: int, N: int) -> tuple[floa
 def ceiling(model: str, rates: list[dict], layer_ms: float, copy_tbps: float) -> dict:
     E, M, w13, w2 = MODEL_EXPERT_GEMMS[model]
     bf16_ms = fp8_ms = 0.0
-    act_bytes = 0.0
-    weight_elems = 0
+    act_elems = weight_elems = 0
     for K, N in (w13, w2):
         flops = 2 * M * K * N * mb
         # forward (K, N), input gradient (N, K), weight gradient (K, N), as the rate table lists them
@@ -50,12 +49,14 @@ def ceiling(model: str, rates: list[dict], layer_ms: float, copy_tbps: float) ->
             bf16, fp8 = _rate(rates, role, M // E, k, n)
             bf16_ms += flops / bf16 / 1e9
             fp8_ms += flops / fp8 / 1e9
-        # the GEMM's input (M x K) and output gradient (M x N): rows (3 bytes per element), token
-        # groups (3, plus 2 for the amax read)
-        act_bytes += M * (K + N) * (3 + 5) * mb
+        # the GEMM's input (M x K) and output gradient (M x N)
+        act_elems += M * (K + N) * mb
         weight_elems += E * K * N
+    # bytes per activation element: as passes, rows 3 (read, write) and token groups 5 (read,
+    # write, amax read); written by their producers, 1 each
+    act_bytes, act_producers_bytes = act_elems * (3 + 5), act_elems * (1 + 1)
     quant_cached_ms = (act_bytes + weight_elems * 4) / copy_tbps / 1e9
-    quant_producers_ms = (act_bytes / 8 * 2 + weight_elems * 4) / copy_tbps / 1e9
+    quant_producers_ms = (act_producers_bytes + weight_elems * 4) / copy_tbps / 1e9
     quant_uncached_ms = (act_bytes + weight_elems * 6 * mb) / copy_tbps / 1e9
     rest = layer_ms - bf16_ms
     return dict(model=model, layer_ms=layer_ms, bf16_gemm_ms=bf16_ms, fp8_gemm_ms=fp8_ms,

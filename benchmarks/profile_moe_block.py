@@ -29,6 +29,7 @@ import tempfile
 import time
 
 import torch
+import triton
 from shapes import SHAPES, block_and_inputs, require_gpu
 from torch.profiler import ProfilerActivity, profile
 
@@ -139,8 +140,6 @@ def main() -> None:
     require_gpu()
     rows = [profile_block(*arg.split(":"), args.top) for arg in args.blocks]
     if args.out:
-        import triton
-
         with open(args.out, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
                        "date": datetime.date.today().isoformat(), "profiles": rows}, f, indent=1)
