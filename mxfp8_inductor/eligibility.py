@@ -11,8 +11,9 @@ from .options import check_choice
 
 # K and N must be multiples of this: MXFP8 blocks of 32 along both contractions; FP8 rows of
 # 16-byte aligned strides for torch's FP8 grouped GEMM
-MULTIPLE_OF = {"mxfp8": 32, "fp8_rowwise": 16, "auto": 16}
-_WHY = {"mxfp8": "MXFP8 blocks", "fp8_rowwise": "16-byte aligned FP8 rows", "auto": "FP8 rows"}
+MULTIPLE_OF = {"mxfp8": 32, "fp8_rowwise": 16, "fp8_blockwise": 16, "auto": 16}
+_WHY = {"mxfp8": "MXFP8 blocks", "fp8_rowwise": "16-byte aligned FP8 rows", "fp8_blockwise": "16-byte aligned FP8 rows",
+        "auto": "FP8 rows"}
 
 
 def _operand_problem(a: Any, b: Any, recipe: str) -> str | None:

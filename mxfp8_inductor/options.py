@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal, get_args
 
-Recipe = Literal["mxfp8", "fp8_rowwise", "auto"]
+Recipe = Literal["mxfp8", "fp8_rowwise", "fp8_blockwise", "auto"]
 Rounding = Literal["rceil", "floor"]
 Wgrad = Literal["quantized", "bf16"]
 Targets = Literal["experts", "all"]
@@ -66,7 +66,9 @@ class MXFP8Config:
     include: glob patterns over global module or parameter FQNs; empty means every site.
     exclude: patterns whose sites stay in bf16 (wins over include). A pattern naming a module
       also covers the modules under it.
-    recipe: "mxfp8", "fp8_rowwise", or "auto" (per GEMM, the fastest of those and bf16).
+    recipe: "mxfp8", "fp8_rowwise", "fp8_blockwise" (scales per 128-element tile: 1 x 128 for
+      activations, 128 x 128 for weights), or "auto" (per GEMM, the fastest of mxfp8,
+      fp8_rowwise and bf16).
     autotune: with recipe "auto" on a CUDA GPU, time each GEMM's candidates there, once per shape
       and machine (kept in Inductor's cache directory); False, or off CUDA: a cost model
       calibrated on the H200. rounding: "rceil" (default) or "floor" (the scale exponent

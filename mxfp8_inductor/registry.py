@@ -23,6 +23,7 @@ class Gemm(str, enum.Enum):
     MXFP8 = "mxfp8"
     MXFP8_FUSED = "mxfp8_fused"  # mxfp8's numbers in the fused GEMMs on CUDA GPUs (MXFP8Config.mxfp8_fused)
     FP8_ROWWISE = "fp8_rowwise"
+    FP8_BLOCKWISE = "fp8_blockwise"
     PER_CALL = "per_call"  # chosen per call from the H200 cost model (lowering/auto.py)
     PER_CALL_TIMED = "per_call_timed"  # chosen per call by timing on the GPU (lowering/measure.py)
 
@@ -49,11 +50,13 @@ class Route(str, enum.Enum):
     ROWWISE_TORCH = "fp8_rowwise torch"  # torch's FP8 GEMMs (`_scaled_grouped_mm`, `_scaled_mm`)
     ROWWISE_TRITON = "fp8_rowwise triton"  # our Triton FP8 grouped GEMM (kernels/triton_fp8_gemm.py)
     ROWWISE_EMULATED = "fp8_rowwise emulated"  # dequantized float8 operands into the bf16 GEMM
+    BLOCKWISE_TRITON = "fp8_blockwise triton"  # our Triton FP8 grouped GEMM, scaled per contraction step
+    BLOCKWISE_EMULATED = "fp8_blockwise emulated"  # dequantized float8 operands into the bf16 GEMM
 
 
 # the routes whose GEMMs multiply in FP8; the others multiply rounded operands in bf16, which
 # cannot beat bf16 alone (`recipe="auto"` does not time them)
-FP8_MMA = frozenset({Route.MXFP8_NATIVE, Route.ROWWISE_TORCH, Route.ROWWISE_TRITON})
+FP8_MMA = frozenset({Route.MXFP8_NATIVE, Route.ROWWISE_TORCH, Route.ROWWISE_TRITON, Route.BLOCKWISE_TRITON})
 
 
 # Where torch's FP8 grouped GEMM (CUTLASS) takes an fp8_rowwise GEMM from ours on compute
@@ -89,8 +92,9 @@ def has_fp8_grouped_mm(device: torch.device) -> bool:
 def route(numerics: str, device: torch.device, K: int, N: int, tokens_per_group: float | None = None,
           fused: bool = False) -> Route:
     """The implementation of one GEMM (any role: each passes its own contraction K and output
-    width N): `numerics` "mxfp8" or "fp8_rowwise", `tokens_per_group` the mean group size of a
-    grouped GEMM (None: a dense one); `fused` opts mxfp8 into the fused GEMMs on CUDA GPUs."""
+    width N): `numerics` "mxfp8", "fp8_rowwise" or "fp8_blockwise", `tokens_per_group` the mean
+    group size of a grouped GEMM (None: a dense one); `fused` opts mxfp8 into the fused GEMMs on
+    CUDA GPUs."""
     if numerics == "mxfp8":
         if device.type != "cuda":
             return Route.MXFP8_REFERENCE
@@ -100,6 +104,8 @@ def route(numerics: str, device: torch.device, K: int, N: int, tokens_per_group:
         if has_mxfp8_mma(device) and K % 128 == 0 and N % 128 == 0:
             return Route.MXFP8_NATIVE
         return Route.MXFP8_EMULATED
+    if numerics == "fp8_blockwise":
+        return Route.BLOCKWISE_TRITON if has_fp8_grouped_mm(device) else Route.BLOCKWISE_EMULATED
     if numerics != "fp8_rowwise":
         raise ValueError(f"no GEMM routes for numerics {numerics!r}")
     if not has_fp8_grouped_mm(device):

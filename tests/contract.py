@@ -13,7 +13,10 @@ GEMM's role puts on it, then torch's bf16 GEMM of the rounded operands, group by
 
 mxfp8 puts one e8m0 scale on every 32 elements along the contraction (along the tokens the blocks
 restart at every group, and a group's last block may be short); fp8_rowwise one power-of-two scale
-on the whole contraction of each row (per token group and column in the weight gradient).
+on the whole contraction of each row (per token group and column in the weight gradient);
+fp8_blockwise one power-of-two scale on every 128 elements along the contraction, as mxfp8 with
+blocks of 128 (a dim's last block may be short), except that a weight is rounded in 128 x 128
+blocks, the same for both of its GEMMs.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ E4M3_MAX = 448.0
 MIN_EXP = -127  # e8m0 byte 0: all-zero blocks and blocks of tiny (e.g. bf16 subnormal) values
 MAX_EXP = 119  # byte 246: RCEIL's 2^120 could round a block max near the float32 limit to inf
 NAN_EXP = 128  # byte 255: the scale of a block holding NaN or inf
-RECIPES = ("mxfp8", "fp8_rowwise")
+RECIPES = ("mxfp8", "fp8_rowwise", "fp8_blockwise")
+TILE = 128  # fp8_blockwise's block
 ROUNDINGS = ("rceil", "floor")
 
 
@@ -134,26 +138,44 @@ def mx_quantize_tokens(x_MC: torch.Tensor, ends: list[int], rounding: str) -> tu
 
 
 def round_along(x: torch.Tensor, dim: int, recipe: str, rounding: str) -> torch.Tensor:
-    """x rounded for a GEMM contracting `dim`: mxfp8 in 32-blocks, fp8_rowwise the whole `dim`."""
+    """x rounded for a GEMM contracting `dim`: mxfp8 in 32-blocks, fp8_blockwise in 128-blocks (the
+    last one short where `dim` is not a multiple of 128), fp8_rowwise the whole `dim`."""
     if recipe == "fp8_rowwise":
         return round_block(x, dim, rounding)
-    assert recipe == "mxfp8", recipe
+    assert recipe in ("mxfp8", "fp8_blockwise"), recipe
+    step = BLOCK if recipe == "mxfp8" else TILE
     dim = dim % x.dim()
     out = torch.empty(x.shape, dtype=torch.bfloat16)
-    for lo in range(0, x.shape[dim], BLOCK):
-        out.narrow(dim, lo, BLOCK).copy_(round_block(x.narrow(dim, lo, BLOCK), dim, rounding))
+    for lo in range(0, x.shape[dim], step):
+        width = min(step, x.shape[dim] - lo)
+        out.narrow(dim, lo, width).copy_(round_block(x.narrow(dim, lo, width), dim, rounding))
+    return out
+
+
+def round_weight(w: torch.Tensor, dim: int, recipe: str, rounding: str) -> torch.Tensor:
+    """A weight (the last two dims one expert's matrix) rounded for a GEMM contracting `dim`: as
+    `round_along`, except fp8_blockwise, which rounds 128 x 128 blocks whatever the contraction."""
+    if recipe != "fp8_blockwise":
+        return round_along(w, dim, recipe, rounding)
+    out = torch.empty(w.shape, dtype=torch.bfloat16)
+    R, C = w.shape[-2:]
+    for r in range(0, R, TILE):
+        for c in range(0, C, TILE):
+            block = w[..., r : r + TILE, c : c + TILE]
+            flat = block.reshape(*block.shape[:-2], -1)  # the block's maximum over both dims
+            out[..., r : r + TILE, c : c + TILE] = round_block(flat, -1, rounding).view(block.shape)
     return out
 
 
 def round_tokens(x_MC: torch.Tensor, ends: list[int], recipe: str, rounding: str) -> torch.Tensor:
     """x rounded for the weight gradient, contracting the tokens group by group: mxfp8 in 32-blocks
-    restarting at each group start, fp8_rowwise one scale per group and column; "bf16" as it is.
-    Rows past the last end belong to no group (left 0)."""
+    and fp8_blockwise in 128-blocks, restarting at each group start, fp8_rowwise one scale per
+    group and column; "bf16" as it is. Rows past the last end belong to no group (left 0)."""
     if recipe == "bf16":
         return x_MC.bfloat16()
     out = torch.zeros(x_MC.shape, dtype=torch.bfloat16)
     for start, end in zip([0, *ends[:-1]], ends):
-        step = BLOCK if recipe == "mxfp8" else max(end - start, 1)
+        step = {"mxfp8": BLOCK, "fp8_blockwise": TILE}.get(recipe, max(end - start, 1))
         for lo in range(start, end, step):
             hi = min(lo + step, end)
             out[lo:hi] = round_block(x_MC[lo:hi], 0, rounding)
@@ -171,7 +193,7 @@ def round_tokens(x_MC: torch.Tensor, ends: list[int], recipe: str, rounding: str
 # enough): the op's result is the contract's when it equals one of them in every element.
 
 LAYOUTS = ("rr", "cr", "rc")  # left and right operand row- (r) or column-major (c)
-PADS = (1, 16, 32)  # the weight gradient's tokens per group padded to a multiple of these
+PADS = (1, 16, 32, 128)  # the weight gradient's tokens per group padded to a multiple of these
 
 
 def _as_layout(x: torch.Tensor, major: str) -> torch.Tensor:
@@ -205,13 +227,13 @@ def _rows_gemm(x_q_MC: torch.Tensor, w_q_ECL: torch.Tensor, offs: torch.Tensor) 
 def grouped_forward(a_MK: torch.Tensor, b_EKN: torch.Tensor, offs: torch.Tensor,
                     recipe: str, rounding: str) -> Iterator[torch.Tensor]:
     """out[M, N]: group e's rows of a times b[e], both rounded along K."""
-    return _rows_gemm(round_along(a_MK, 1, recipe, rounding), round_along(b_EKN, 1, recipe, rounding), offs)
+    return _rows_gemm(round_along(a_MK, 1, recipe, rounding), round_weight(b_EKN, 1, recipe, rounding), offs)
 
 
 def grouped_dgrad(dout_MN: torch.Tensor, b_EKN: torch.Tensor, offs: torch.Tensor,
                   recipe: str, rounding: str) -> Iterator[torch.Tensor]:
     """da[M, K]: group e's rows of dout times b[e]^T, both rounded along N."""
-    b_q_ENK = round_along(b_EKN, 2, recipe, rounding).transpose(1, 2)
+    b_q_ENK = round_weight(b_EKN, 2, recipe, rounding).transpose(1, 2)
     return _rows_gemm(round_along(dout_MN, 1, recipe, rounding), b_q_ENK, offs)
 
 
@@ -233,13 +255,13 @@ def grouped_wgrad(dout_MN: torch.Tensor, a_MK: torch.Tensor, offs: torch.Tensor,
 
 def linear_forward(x_MK: torch.Tensor, w_NK: torch.Tensor, recipe: str, rounding: str) -> Iterator[torch.Tensor]:
     """out[M, N] = x @ w^T, both rounded along K."""
-    x_q, w_q = round_along(x_MK, 1, recipe, rounding), round_along(w_NK, 1, recipe, rounding)
+    x_q, w_q = round_along(x_MK, 1, recipe, rounding), round_weight(w_NK, 1, recipe, rounding)
     return (gemm(x_q, w_q.t(), layout) for layout in LAYOUTS)
 
 
 def linear_dgrad(dout_MN: torch.Tensor, w_NK: torch.Tensor, recipe: str, rounding: str) -> Iterator[torch.Tensor]:
     """dx[M, K] = dout @ w, both rounded along N."""
-    g_q, w_q = round_along(dout_MN, 1, recipe, rounding), round_along(w_NK, 0, recipe, rounding)
+    g_q, w_q = round_along(dout_MN, 1, recipe, rounding), round_weight(w_NK, 0, recipe, rounding)
     return (gemm(g_q, w_q, layout) for layout in LAYOUTS)
 
 

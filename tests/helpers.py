@@ -50,3 +50,13 @@ def assert_sqnr_near(ref: torch.Tensor, got: torch.Tensor, expected_db: float, t
     accuracy; the upper side a GEMM left unquantized (inf dB) or quantized another way."""
     db = sqnr(ref, got)
     assert abs(db - expected_db) <= tol_db, f"{what}: SQNR {db:.2f} dB, expected {expected_db} +- {tol_db} dB"
+
+
+def spread(*shape: int, gen: torch.Generator) -> torch.Tensor:
+    """Gaussian bf16 data with every row and every column (the last two dims) scaled by a random
+    power of two in 2^-10..2^10: values far below their block's max fall into e4m3 subnormals,
+    so that where the blocks lie changes the numbers."""
+    x = torch.randn(*shape, generator=gen)
+    row_exp = torch.randint(-10, 11, (*shape[:-1], 1), generator=gen)
+    col_exp = torch.randint(-10, 11, (*shape[:-2], 1, shape[-1]), generator=gen)
+    return (x * torch.exp2(row_exp.float()) * torch.exp2(col_exp.float())).bfloat16()

@@ -11,7 +11,8 @@ pytest.importorskip("transformers")
 
 @pytest.mark.parametrize("argv, message", [
     (["qwen3moe"], "unknown model type 'qwen3moe'; did you mean qwen3_moe"),
-    (["mixtral", "--recipe", "rowwise"], "unknown recipe(s) ['rowwise']: choose from mxfp8, fp8_rowwise, auto"),
+    (["mixtral", "--recipe", "rowwise"],
+     "unknown recipe(s) ['rowwise']: choose from mxfp8, fp8_rowwise, fp8_blockwise, auto"),
     (["no_such_package.models:build"], "no module 'no_such_package.models' to import"),
 ])
 def test_mistakes_give_one_line_naming_the_fix(argv, message, capsys):

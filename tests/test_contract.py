@@ -13,7 +13,7 @@ from collections.abc import Iterable
 import contract
 import pytest
 import torch
-from helpers import assert_bitwise_equal, make_offs
+from helpers import assert_bitwise_equal, make_offs, spread
 
 import mxfp8_inductor as mx
 
@@ -27,16 +27,6 @@ PROBLEMS = {
     "E70": ([0 if e % 4 == 1 else 1 + (e * 13) % 40 if e % 5 == 0 else 1 + e % 3 for e in range(70)], 0),
     "E3_tail": ([5, 0, 40], 6),
 }
-
-
-def spread(*shape: int, gen: torch.Generator) -> torch.Tensor:
-    """Gaussian bf16 data with every row and every column (the last two dims) scaled by a random
-    power of two in 2^-10..2^10: values far below their block's max fall into e4m3 subnormals,
-    so that where the blocks lie changes the numbers."""
-    x = torch.randn(*shape, generator=gen)
-    row_exp = torch.randint(-10, 11, (*shape[:-1], 1), generator=gen)
-    col_exp = torch.randint(-10, 11, (*shape[:-2], 1, shape[-1]), generator=gen)
-    return (x * torch.exp2(row_exp.float()) * torch.exp2(col_exp.float())).bfloat16()
 
 
 def assert_contract(actual: torch.Tensor, candidates: Iterable[torch.Tensor]) -> None:
@@ -261,12 +251,16 @@ def test_wgrad_bf16_changes_only_the_weight_gradient():
         assert _differ(quantized[2], bf16[2])
 
 
-def test_rowwise_and_mxfp8_differ_only_on_rows_spanning_magnitudes():
+def test_recipes_differ_only_on_rows_spanning_magnitudes():
     """docs/design.md, "Numerics contract": with power-of-two scales the recipes round alike unless
     a row spans values far below its max (rowwise pushes them into e4m3 subnormals; MXFP8 scales
-    each 32-block)."""
-    mxfp8, rowwise = (_grouped_results(dict(recipe=r)) for r in contract.RECIPES)
-    assert all(_differ(m, r) for m, r in zip(mxfp8, rowwise))
+    each 32-block, blockwise each 128-block)."""
+    results = {r: _grouped_results(dict(recipe=r)) for r in contract.RECIPES}
+    assert all(_differ(m, r) for m, r in zip(results["mxfp8"], results["fp8_rowwise"]))
+    # K = 64 and N = 96 fit one 128-block: blockwise differs from rowwise only in the weight,
+    # rounded in one block per expert, not per row
+    assert all(_differ(m, r) for m, r in zip(results["mxfp8"], results["fp8_blockwise"]))
+    assert _differ(results["fp8_rowwise"][0], results["fp8_blockwise"][0])
     # magnitudes within 2^6 of each other everywhere, RCEIL: no subnormal, no saturation
     gen = torch.Generator().manual_seed(4)
     offs = make_offs([0, 33, 64, 7])
@@ -278,14 +272,18 @@ def test_rowwise_and_mxfp8_differ_only_on_rows_spanning_magnitudes():
 
     a_MK, b_EKN, dout_MN = narrow(M, K), narrow(4, K, N), narrow(M, N)
     ends = offs.tolist()
-    for x, dim in ((a_MK, 1), (b_EKN, 1), (dout_MN, 1), (b_EKN, 2)):  # forward and input-gradient operands
-        assert_bitwise_equal(contract.round_along(x, dim, "fp8_rowwise", "rceil"),
-                             contract.round_along(x, dim, "mxfp8", "rceil"))
-    for x in (a_MK, dout_MN):  # weight-gradient operands
-        assert_bitwise_equal(contract.round_tokens(x, ends, "fp8_rowwise", "rceil"),
-                             contract.round_tokens(x, ends, "mxfp8", "rceil"))
-    # so each recipe's op gives the other's contract (the two may still sum in different orders)
-    for recipe, other in zip(contract.RECIPES, reversed(contract.RECIPES)):
+    for recipe in ("mxfp8", "fp8_blockwise"):
+        for x, dim in ((a_MK, 1), (dout_MN, 1)):  # forward and input-gradient operands
+            assert_bitwise_equal(contract.round_along(x, dim, "fp8_rowwise", "rceil"),
+                                 contract.round_along(x, dim, recipe, "rceil"))
+        for dim in (1, 2):  # the weight in both GEMMs
+            assert_bitwise_equal(contract.round_weight(b_EKN, dim, "fp8_rowwise", "rceil"),
+                                 contract.round_weight(b_EKN, dim, recipe, "rceil"))
+        for x in (a_MK, dout_MN):  # weight-gradient operands
+            assert_bitwise_equal(contract.round_tokens(x, ends, "fp8_rowwise", "rceil"),
+                                 contract.round_tokens(x, ends, recipe, "rceil"))
+    # so each recipe's op gives the next one's contract (the two may still sum in different orders)
+    for recipe, other in zip(contract.RECIPES, contract.RECIPES[1:] + contract.RECIPES[:1]):
         a, b = a_MK.clone().requires_grad_(), b_EKN.clone().requires_grad_()
         out = mx.grouped_mm(a, b, offs, recipe=recipe)
         out.backward(dout_MN)
@@ -402,3 +400,30 @@ def test_compiled_auto_gives_each_gemm_its_own_recipe(monkeypatch):
     assert_contract(got["dw"], contract.linear_wgrad(dz, y, "mxfp8", "rceil"))
     assert _differ(got["out"], next(contract.grouped_forward(x, b, offs, "mxfp8", "rceil")))
     assert _differ(got["dy"], next(contract.linear_dgrad(dz, w_NK, "mxfp8", "rceil")))
+
+
+def test_compiled_blockwise_with_weight_cache():
+    """fp8_blockwise under the pass with the weight cache: the contract's for experts and dense
+    layer; its weights, rounded one block per expert here (K and N within 128), differ from
+    fp8_rowwise's, rounded per row."""
+    inputs, got = _compiled_step("ENK", recipe="fp8_blockwise", weight_cache=True)
+    _check_compiled(inputs, got, "fp8_blockwise", "rceil", "quantized")
+    x, b, offs = inputs["x"], inputs["b"], inputs["offs"]
+    assert _differ(got["out"], next(contract.grouped_forward(x, b, offs, "fp8_rowwise", "rceil")))
+
+
+@pytest.mark.parametrize("layout", ["ENK", "EKN"])
+def test_blockwise_across_tiles_matches_contract(layout):
+    """Eager fp8_blockwise with K and N past one tile (not multiples of 128) and a group past one
+    tile of tokens: every GEMM the contract's."""
+    gen = torch.Generator().manual_seed(7)
+    K_, N_, sizes = 272, 144, [0, 150, 7, 300]
+    offs, M = make_offs(sizes), sum(sizes) + 3
+    w = spread(len(sizes), *((N_, K_) if layout == "ENK" else (K_, N_)), gen=gen).requires_grad_()
+    b_EKN = w.transpose(-2, -1) if layout == "ENK" else w
+    a_MK, dout_MN = spread(M, K_, gen=gen).requires_grad_(), spread(M, N_, gen=gen)
+    out = mx.grouped_mm(a_MK, b_EKN, offs, recipe="fp8_blockwise")
+    out.backward(dout_MN)
+    db = w.grad.transpose(-2, -1) if layout == "ENK" else w.grad
+    _check_grouped(a_MK.detach(), b_EKN, offs, dout_MN, out.detach(), a_MK.grad, db, "fp8_blockwise", "rceil",
+                   "quantized", int(offs[-1]))

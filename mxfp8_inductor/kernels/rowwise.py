@@ -71,9 +71,24 @@ def group_amax(x_MK: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     return amax.scatter_reduce(0, gid_M.long()[:, None].expand(M, K), ax_MK, "amax")[:G]
 
 
-def padded_rows(M: int, G: int) -> int:
-    """Columns of a weight-gradient operand: a static bound on sum_g round_up(size_g, ALIGN)."""
-    return -(-M // ALIGN) * ALIGN + ALIGN * G
+def padded_rows(M: int, G: int, align: int = ALIGN) -> int:
+    """Tokens of a weight-gradient operand: a static bound on sum_g round_up(size_g, align)."""
+    return -(-M // align) * align + align * G
+
+
+def pad_groups(x_MK: torch.Tensor, offs: torch.Tensor, align: int) -> tuple[torch.Tensor, ...]:
+    """x's rows in float32 with every token group zero-padded to a multiple of `align` rows:
+    (x_TK with T = padded_rows(M, G, align), the group of each of its rows (the last group's for
+    the rows past every group), the padded group ends). `offs` must have passed `group_ends`."""
+    M, G = x_MK.shape[0], offs.numel()
+    padded_ends = padded_group_offs(offs, align)
+    j = torch.arange(padded_rows(M, G, align), device=x_MK.device, dtype=torch.int32)
+    g = _group_ids(padded_ends, len(j)).clamp(max=G - 1)
+    src = _starts(offs)[g] + j - _starts(padded_ends)[g]
+    valid = (src < offs[g])[:, None]  # rows past padded_ends[g] map past the group's end
+    if _empty(M):  # every row is padding and there is no row to gather
+        return x_MK.new_zeros(len(j), x_MK.shape[1], dtype=torch.float32), g, padded_ends
+    return torch.where(valid, x_MK[src.clamp(0, M - 1)].float(), 0.0), g, padded_ends
 
 
 def quantize_groups(
@@ -86,20 +101,10 @@ def quantize_groups(
     the int32 group ends in data_KMp.
     """
     check_float(x_MK)
-    M, G = x_MK.shape[0], offs.numel()
-    offs = group_ends(offs, M)
+    offs = group_ends(offs, x_MK.shape[0])
     biased_GK = scale_exponent(group_amax(x_MK, offs), rounding)
-    padded_ends = padded_group_offs(offs, ALIGN)
-    j = torch.arange(padded_rows(M, G), device=x_MK.device, dtype=torch.int32)
-    g = _group_ids(padded_ends, len(j)).clamp(max=G - 1)
-    src = _starts(offs)[g] + j - _starts(padded_ends)[g]
-    valid = (src < offs[g])[:, None]  # columns past padded_ends[g] map past the group's end
-    if _empty(M):  # every column is padding and there is no row to gather
-        x_MpK = x_MK.new_zeros(len(j), x_MK.shape[1], dtype=torch.float32)
-    else:
-        x_MpK = x_MK[src.clamp(0, M - 1)].float()
-    data_MpK = torch.where(valid, _cast(x_MpK, biased_GK[g]).float(), 0.0).to(torch.float8_e4m3fn)
-    return data_MpK.t().contiguous(), exponent_to_float(biased_GK), padded_ends
+    x_MpK, g, padded_ends = pad_groups(x_MK, offs, ALIGN)
+    return _cast(x_MpK, biased_GK[g]).t().contiguous(), exponent_to_float(biased_GK), padded_ends
 
 
 def scaled_grouped_mm(

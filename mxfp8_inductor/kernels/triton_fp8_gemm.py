@@ -73,9 +73,18 @@ def _mma(acc, a, b, HW_CVT: tl.constexpr, BK: tl.constexpr):
 
 
 @triton.jit
+def _mma_scaled(acc, a, b, s_rows, s_cols, HW_CVT: tl.constexpr, BK: tl.constexpr):
+    """acc + (a @ b^T) * s_rows[:, None] * s_cols[None, :]: one contraction step of the blockwise
+    recipe, whose scales change every 128 along the contraction (BK divides 128)."""
+    p = _mma(tl.zeros_like(acc), a, b, HW_CVT, BK)
+    return acc + p * s_rows[:, None] * s_cols[None, :]
+
+
+@triton.jit
 def _gemm_2d3d_kernel(
     a_ptr, s_am, b_ptr, s_be, s_bn, sa_ptr, sb_ptr, out_ptr, offs_ptr, M, N, K, rows_per_group_p2,
-    E: tl.constexpr, EP: tl.constexpr, HW_CVT: tl.constexpr,
+    s_sam, s_sak, s_sbe, s_sbk, s_sbn,
+    E: tl.constexpr, EP: tl.constexpr, HW_CVT: tl.constexpr, BLOCKWISE: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FLATTEN: tl.constexpr, PER_SM: tl.constexpr,
 ):
     """A persistent kernel: its programs (PER_SM per SM) take the output tiles in turn. Tile t is
@@ -96,22 +105,30 @@ def _gemm_2d3d_kernel(
         m0 = start + (row_tile - tl.sum(tc.lane_value(tile_ends, g)) + (end - start + BM - 1) // BM) * BM
         n0 = (t % n_tiles) * BN
         e = tl.sum(g)
-        acc = tl.zeros([BM, BN], dtype=tl.float32)
-        for k0 in range(0, K, BK):
-            acc = _mma(acc, a_desc.load([m0, k0]), b_desc.load([e, n0, k0]).reshape(BN, BK), HW_CVT, BK)
         m = m0 + tl.arange(0, BM)
         m_ok = (m < end) & (m < M)  # m < M: malformed offs must not write past out
         n = n0 + tl.arange(0, BN)
         n_ok = n < N
-        sa = tl.load(sa_ptr + m, mask=m_ok, other=0.0)
-        sb = tl.load(sb_ptr + e * N + n, mask=n_ok, other=0.0)
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            a, b = a_desc.load([m0, k0]), b_desc.load([e, n0, k0]).reshape(BN, BK)
+            if BLOCKWISE:  # sa [M, K / 128] per row and tile, sb [E, K / 128, N / 128] per block
+                sa = tl.load(sa_ptr + m * s_sam + (k0 // 128) * s_sak, mask=m_ok, other=0.0)
+                sb = tl.load(sb_ptr + e * s_sbe + (k0 // 128) * s_sbk + (n // 128) * s_sbn, mask=n_ok, other=0.0)
+                acc = _mma_scaled(acc, a, b, sa, sb, HW_CVT, BK)
+            else:
+                acc = _mma(acc, a, b, HW_CVT, BK)
+        if not BLOCKWISE:  # sa [M], sb [E, N]
+            sa = tl.load(sa_ptr + m, mask=m_ok, other=0.0)
+            sb = tl.load(sb_ptr + e * N + n, mask=n_ok, other=0.0)
+            acc = acc * sa[:, None] * sb[None, :]
         out = out_ptr + m.to(tl.int64)[:, None] * N + n[None, :]
-        tc.store_f32(out, acc * sa[:, None] * sb[None, :], m_ok[:, None] & n_ok[None, :], True, HW_CVT)
+        tc.store_f32(out, acc, m_ok[:, None] & n_ok[None, :], True, HW_CVT)
 
 
 # keyed on the mean rows per group too (a power of two): the best tile differs between 16 and 512
 # rows per group at one (N, K), and a process may meet both (`recipe="auto"` times small buckets)
-_gemm_2d3d_tuned = triton.autotune(GPU_CONFIGS, key=["N", "K", "rows_per_group_p2"])(_gemm_2d3d_kernel)
+_gemm_2d3d_tuned = triton.autotune(GPU_CONFIGS, key=["N", "K", "rows_per_group_p2", "BLOCKWISE"])(_gemm_2d3d_kernel)
 
 
 @triton.jit
@@ -131,7 +148,8 @@ def _store_tile(out, y, e, k0, n0, K, N, HW_CVT: tl.constexpr, TMA_STORE: tl.con
 @triton.jit
 def _gemm_2d2d_kernel(
     a_ptr, s_ak, b_ptr, s_bn, sa_ptr, sb_ptr, out_ptr, offs_ptr, T, K, N, rows_per_group_p2,
-    E: tl.constexpr, EP: tl.constexpr, HW_CVT: tl.constexpr, TMA_STORE: tl.constexpr,
+    s_sat, s_sak, s_sbt, s_sbn,
+    E: tl.constexpr, EP: tl.constexpr, HW_CVT: tl.constexpr, BLOCKWISE: tl.constexpr, TMA_STORE: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, RUN: tl.constexpr, PER_SM: tl.constexpr,
 ):
     """out[g] [K, N] = A[:, group g] @ B[:, group g]^T, scaled by sa[g, k] sb[g, n]: A [K, T] and
@@ -165,7 +183,8 @@ def _gemm_2d2d_kernel(
         r = u % runs
         j0 = r * n_tiles // runs
         tiles = (r + 1) * n_tiles // runs - j0
-        readable = ((start % 16 == 0) & (end % 16 == 0)) | (start == end)
+        align = 128 if BLOCKWISE else 16  # blockwise: each step one tile of scales
+        readable = ((start % align == 0) & (end % align == 0)) | (start == end)
         steps = tl.where(readable, (end - start + BK - 1) // BK, 0)
         if steps == 0:  # an empty group's block is zero, an unreadable one's NaN
             fill = tl.zeros([BM, BN], dtype=tl.float32) + tl.where(readable, 0.0, float("nan"))
@@ -175,21 +194,30 @@ def _gemm_2d2d_kernel(
             a_desc = tl.make_tensor_descriptor(a_ptr, [K, end], [s_ak, 1], [BM, BK])
             b_desc = tl.make_tensor_descriptor(b_ptr, [N, end], [s_bn, 1], [BN, BK])
             k = k0 + tl.arange(0, BM)
-            sa = tl.load(sa_ptr + e * K + k, mask=k < K, other=0.0)
+            if not BLOCKWISE:  # sa [G * K], sb [G * N]
+                sa = tl.load(sa_ptr + e * K + k, mask=k < K, other=0.0)
             acc = tl.zeros([BM, BN], dtype=tl.float32)
             for i in range(0, tiles * steps):
                 s = i % steps
                 n0 = (j0 + i // steps) * BN
+                n = n0 + tl.arange(0, BN)
                 m0 = start + s * BK
-                acc = _mma(acc, a_desc.load([k0, m0]), b_desc.load([n0, m0]), HW_CVT, BK)
+                a, b = a_desc.load([k0, m0]), b_desc.load([n0, m0])
+                if BLOCKWISE:  # sa [T / 128, K], sb [T / 128, N]: per tile of 128 tokens
+                    sa = tl.load(sa_ptr + (m0 // 128) * s_sat + k * s_sak, mask=k < K, other=0.0)
+                    sb = tl.load(sb_ptr + (m0 // 128) * s_sbt + n * s_sbn, mask=n < N, other=0.0)
+                    acc = _mma_scaled(acc, a, b, sa, sb, HW_CVT, BK)
+                else:
+                    acc = _mma(acc, a, b, HW_CVT, BK)
                 if s == steps - 1:
-                    n = n0 + tl.arange(0, BN)
-                    sb = tl.load(sb_ptr + e * N + n, mask=n < N, other=0.0)
-                    _store_tile(out, acc * sa[:, None] * sb[None, :], e, k0, n0, K, N, HW_CVT, TMA_STORE, BM, BN)
+                    if not BLOCKWISE:
+                        sb = tl.load(sb_ptr + e * N + n, mask=n < N, other=0.0)
+                        acc = acc * sa[:, None] * sb[None, :]
+                    _store_tile(out, acc, e, k0, n0, K, N, HW_CVT, TMA_STORE, BM, BN)
                     acc = tl.zeros([BM, BN], dtype=tl.float32)
 
 
-_gemm_2d2d_tuned = triton.autotune(WGRAD_CONFIGS, key=["K", "N", "rows_per_group_p2"])(_gemm_2d2d_kernel)
+_gemm_2d2d_tuned = triton.autotune(WGRAD_CONFIGS, key=["K", "N", "rows_per_group_p2", "BLOCKWISE"])(_gemm_2d2d_kernel)
 
 
 def _check(a, b, scale_a, scale_b, offs) -> None:
@@ -232,15 +260,34 @@ def scaled_grouped_mm(
              -> [G, K, N], an empty group's block zero, the block of a group that starts or
              ends off a multiple of 16 tokens NaN (TMA cannot read it; the weight gradient
              pads each group to 16)."""
+    return _grouped_mm(a, b, scale_a, scale_b, offs, blockwise=False)
+
+
+def blockwise_grouped_mm(
+    a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, offs: torch.Tensor
+) -> torch.Tensor:
+    """The blockwise recipe's grouped GEMM (semantics: `blockwise.scaled_grouped_mm`): as
+    `scaled_grouped_mm`, with scales per 128 along the contraction (any strides):
+      2d-3d  scale_a [M, K / 128] per row and tile, scale_b [E, K / 128, N / 128] per block;
+      2d-2d  scale_a [T / 128, K] and scale_b [T / 128, N] per tile of 128 tokens; each group
+             starts and ends on a multiple of 128 tokens (else its block is NaN)."""
+    return _grouped_mm(a, b, scale_a, scale_b, offs, blockwise=True)
+
+
+def _grouped_mm(a, b, scale_a, scale_b, offs, blockwise: bool) -> torch.Tensor:
     _check(a, b, scale_a, scale_b, offs)
     if b.dim() == 3:
         (M, K), (E, _, N) = a.shape, b.shape
-        want_a, want_b, out_shape = [M], [E, N], (M, N)
+        want_a, want_b = ([M, tc.cdiv(K, 128)], [E, tc.cdiv(K, 128), tc.cdiv(N, 128)]) if blockwise else ([M], [E, N])
+        out_shape = (M, N)
         if offs.numel() != E:
             raise ValueError(f"offs must hold one group end per expert: {offs.numel()} for {E} experts")
     else:
         (K, T), (_, N), E = a.shape, b.shape, offs.numel()
-        want_a, want_b, out_shape = [E * K], [E * N], (E, K, N)
+        if blockwise and T % 128:
+            raise ValueError(f"the blockwise weight gradient takes tokens in whole tiles of 128, got {T}")
+        want_a, want_b = ([T // 128, K], [T // 128, N]) if blockwise else ([E * K], [E * N])
+        out_shape = (E, K, N)
     if list(scale_a.shape) != want_a or list(scale_b.shape) != want_b:
         raise ValueError(
             f"scales must be scale_a {want_a} and scale_b {want_b}, got {list(scale_a.shape)} and {list(scale_b.shape)}"
@@ -253,18 +300,23 @@ def scaled_grouped_mm(
     if a.is_cuda:
         _ensure_allocator()
     sms = _sms(a.device)
-    consts = dict(E=E, EP=tc.pow2(E), HW_CVT=a.is_cuda)
-    shared = (scale_a.contiguous(), scale_b.contiguous(), tc.as_bits(out), offs)  # both kernels' middle arguments
+    consts = dict(E=E, EP=tc.pow2(E), HW_CVT=a.is_cuda, BLOCKWISE=blockwise)
+    if not blockwise:
+        scale_a, scale_b = scale_a.contiguous(), scale_b.contiguous()
+    shared = (scale_a, scale_b, tc.as_bits(out), offs)  # both kernels' middle arguments
+    strides = (*scale_a.stride(), *scale_b.stride()) if blockwise else (0,) * (5 if b.dim() == 3 else 4)
     grid = lambda meta: (sms * meta["PER_SM"],)  # noqa: E731
     if b.dim() == 3:
         rows = tc.pow2(M // max(E, 1))
-        args = (a_op, a.stride(0), b_op, b.stride(0), b.stride(2), *shared, M, N, K, rows)
-        launch_tuned(_gemm_2d3d_kernel, _gemm_2d3d_tuned, (N, K, rows), grid, args, consts, INTERPRETER_CONFIG)
+        args = (a_op, a.stride(0), b_op, b.stride(0), b.stride(2), *shared, M, N, K, rows, *strides)
+        key = (N, K, rows, blockwise)
+        launch_tuned(_gemm_2d3d_kernel, _gemm_2d3d_tuned, key, grid, args, consts, INTERPRETER_CONFIG)
     else:
         rows = tc.pow2(T // max(E, 1))
-        args = (a_op, a.stride(0), b_op, b.stride(1), *shared, T, K, N, rows)
+        args = (a_op, a.stride(0), b_op, b.stride(1), *shared, T, K, N, rows, *strides)
         consts["TMA_STORE"] = N % 8 == 0  # bf16 rows of a multiple of 16 bytes
-        launch_tuned(_gemm_2d2d_kernel, _gemm_2d2d_tuned, (K, N, rows), grid, args, consts, WGRAD_INTERPRETER_CONFIG)
+        key = (K, N, rows, blockwise)
+        launch_tuned(_gemm_2d2d_kernel, _gemm_2d2d_tuned, key, grid, args, consts, WGRAD_INTERPRETER_CONFIG)
     return out
 
 

@@ -17,7 +17,7 @@ from typing import Protocol
 import torch
 
 from ..registry import Gemm
-from . import bf16, mxfp8, rowwise
+from . import bf16, blockwise, mxfp8, rowwise
 
 
 class Recipe(Protocol):
@@ -53,4 +53,4 @@ _MXFP8_FUSED = types.SimpleNamespace(
     **{m: functools.partial(getattr(mxfp8, m), fused=True) for m in _METHODS[:3]},
     **{m: getattr(mxfp8, m) for m in _METHODS[3:]})
 RECIPES: dict[Gemm, Recipe] = {Gemm.MXFP8: mxfp8, Gemm.MXFP8_FUSED: _MXFP8_FUSED, Gemm.FP8_ROWWISE: rowwise,
-                               Gemm.BF16: bf16}
+                               Gemm.FP8_BLOCKWISE: blockwise, Gemm.BF16: bf16}

@@ -288,7 +288,8 @@ def test_an_op_given_an_unknown_gemm_implementation_names_the_valid_ones():
     x, w = torch.randn(8, 64, dtype=torch.bfloat16), torch.randn(4, 128, 64, dtype=torch.bfloat16)
     offs = torch.arange(1, 5, dtype=torch.int32) * 2
     with pytest.raises(ValueError, match=r"unknown GEMM implementation 'auto': expected one of \['bf16', 'mxfp8', "
-                                         r"'mxfp8_fused', 'fp8_rowwise', 'per_call', 'per_call_timed'\]"):
+                                         r"'mxfp8_fused', 'fp8_rowwise', 'fp8_blockwise', 'per_call', "
+                                         r"'per_call_timed'\]"):
         torch.ops.mxfp8.grouped_mm(x, w.transpose(-2, -1), offs, "auto", "bf16", "bf16", "rceil", None)
 
 

@@ -1,0 +1,94 @@
+"""Pure-torch FP8 blockwise recipe: the numerics contract of `recipe="fp8_blockwise"`.
+
+float8_e4m3fn data with one float32 power-of-two scale per tile of TILE = 128 elements along the
+GEMM's contraction: per token row and 128 columns (1 x 128) for the forward's and the input
+gradient's activation operands; per 128 x 128 block for the weights, so that one quantization
+serves both orientations; per column and 128 tokens (128 x 1) for the weight gradient's operands,
+with every token group zero-padded to whole tiles so that no tile spans two groups. A dim that is
+not a multiple of 128 ends in a short tile. The exponent is the MXFP8 one with the tile as the
+block (`reference.scale_exponent`), as in `rowwise`; a tile holding NaN or inf gets a NaN scale.
+
+Every scale depends on one tile only, so the quantization of an activation is a reduction over
+128 elements that Inductor fuses with the kernel producing the activation (docs/design.md,
+"Where the operands are quantized"). Everything here is traceable without host syncs: the same
+functions are the CPU reference and, decomposed under Inductor, the GPU quantizers.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .reference import check_float, exponent_to_float, group_ends, scale_exponent
+from .rowwise import _cast, pad_groups
+
+TILE = 128
+
+
+def tiles(n: int) -> int:
+    """Tiles along a dim of n elements."""
+    return -(-n // TILE)
+
+
+def quantize_tiles(x: torch.Tensor, dim: int, rounding: str = "rceil") -> tuple[torch.Tensor, torch.Tensor]:
+    """One scale per TILE elements along `dim`: (data float8 shaped like x, scales float32 shaped
+    like x with `dim` of tiles(x.shape[dim]))."""
+    check_float(x)
+    x_RC = x.float().movedim(dim, -1)
+    C = x_RC.shape[-1]
+    x_RTt = F.pad(x_RC, (0, -C % TILE)).unflatten(-1, (-1, TILE))
+    biased = scale_exponent(x_RTt.abs().amax(-1, keepdim=True), rounding)
+    data = _cast(x_RTt, biased).flatten(-2)[..., :C]
+    return data.movedim(-1, dim), exponent_to_float(biased).squeeze(-1).movedim(-1, dim)
+
+
+def quantize_weight(b_EKN: torch.Tensor, rounding: str = "rceil") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Both GEMM operands of a weight b[E, K, N] from one quantization in 128 x 128 blocks:
+    (data_ENK, data_EKN, scales [E, tiles(K), tiles(N)]), the data contiguous: data_ENK for the
+    forward (contraction K contiguous), data_EKN for the input gradient (contraction N)."""
+    check_float(b_EKN)
+    E, K, N = b_EKN.shape
+    b_pad = F.pad(b_EKN.float(), (0, -N % TILE, 0, -K % TILE))
+    b_blocks = b_pad.view(E, tiles(K), TILE, tiles(N), TILE)
+    biased = scale_exponent(b_blocks.abs().amax((2, 4), keepdim=True), rounding)
+    data_EKN = _cast(b_blocks, biased).view(b_pad.shape)[:, :K, :N]
+    return data_EKN.transpose(-2, -1).contiguous(), data_EKN.contiguous(), exponent_to_float(biased)[:, :, 0, :, 0]
+
+
+def quantize_groups(
+    x_MK: torch.Tensor, offs: torch.Tensor, rounding: str = "rceil"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Weight-gradient operand: one scale per column and tile of 128 tokens, each token group
+    zero-padded to whole tiles. Returns (data_KT, scales_TtK, padded_offs): data float8
+    [K, T] with T = rowwise.padded_rows(M, G, TILE), the tokens transposed; scales float32
+    [T / TILE, K]; padded_offs the int32 group ends in data_KT."""
+    check_float(x_MK)
+    K = x_MK.shape[1]
+    x_TK, _, padded_ends = pad_groups(x_MK, group_ends(offs, x_MK.shape[0]), TILE)
+    x_TtK = x_TK.view(-1, TILE, K)
+    biased = scale_exponent(x_TtK.abs().amax(1, keepdim=True), rounding)
+    return _cast(x_TtK, biased).view(x_TK.shape).t().contiguous(), exponent_to_float(biased).squeeze(1), padded_ends
+
+
+def dequantize_tiles(data: torch.Tensor, scales: torch.Tensor, dim: int) -> torch.Tensor:
+    """data * scale in float32, the scales repeated over their tiles along `dim` (exact)."""
+    return data.float() * scales.repeat_interleave(TILE, dim).narrow(dim, 0, data.shape[dim])
+
+
+def scaled_grouped_mm(
+    a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, offs: torch.Tensor
+) -> torch.Tensor:
+    """The blockwise grouped GEMM (bf16 out) emulated: operands dequantized to bf16 (exact: float8
+    times a power of two) into the bf16 grouped GEMM, which accumulates in fp32.
+
+    2d-3d: a [M, K], b [E, K, N], scale_a [M, tiles(K)], scale_b [E, tiles(K), tiles(N)].
+    2d-2d: a [K, T], b [T, N] grouped along T by offs, scale_a [T / TILE, K], scale_b [T / TILE, N].
+    """
+    if b.dim() == 3:
+        a_bf = dequantize_tiles(a, scale_a, 1).bfloat16()
+        b_bf = dequantize_tiles(b.float(), scale_b.repeat_interleave(TILE, 1)[:, : b.shape[1]], 2).bfloat16()
+    else:
+        a_bf = dequantize_tiles(a, scale_a.t(), 1).bfloat16()
+        b_bf = dequantize_tiles(b, scale_b, 0).bfloat16()
+    return torch._grouped_mm(a_bf, b_bf, offs)
+
