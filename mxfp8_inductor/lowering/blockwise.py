@@ -16,21 +16,9 @@ from .. import registry
 from ..kernels import blockwise
 from ..registry import Route
 from . import weights
-from .library import OUT_DTYPE, define
+from .library import define_cached_weight_gemm, define_fp8_grouped_mm
 
-
-def _fp8_grouped_mm(a, b, scale_a, scale_b, offs):
-    from ..kernels import triton_fp8_gemm  # imported lazily: triton is optional off Linux
-
-    return triton_fp8_gemm.blockwise_grouped_mm(a, b, scale_a, scale_b, offs)
-
-
-blockwise_grouped_mm_op = define(
-    "blockwise_grouped_mm", "(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor offs) -> Tensor",
-    _fp8_grouped_mm, lambda a, b, scale_a, scale_b, offs: (
-        a.new_empty(a.shape[0], b.shape[-1], dtype=OUT_DTYPE) if b.dim() == 3 else
-        a.new_empty(offs.shape[0], a.shape[0], b.shape[1], dtype=OUT_DTYPE)),
-)
+blockwise_grouped_mm_op = define_fp8_grouped_mm("blockwise_grouped_mm", "blockwise_grouped_mm")
 
 
 def _gemm(a, b, scale_a, scale_b, offs) -> torch.Tensor:
@@ -64,16 +52,7 @@ def _cached_weight_gemm(x_fp8, x_scales, b_EKN, param, offs, rounding, dgrad):
     return _gemm(x_fp8, w_fp8, x_scales, w_scales, offs)
 
 
-def _cached_weight_gemm_fake(x_fp8, x_scales, b_EKN, param, offs, rounding, dgrad):
-    return x_fp8.new_empty(x_fp8.shape[0], b_EKN.shape[-2 if dgrad else -1], dtype=OUT_DTYPE)
-
-
-# an opaque op that receives the parameter itself, as `rowwise.cached_weight_gemm_op` (see there)
-cached_weight_gemm_op = define(
-    "blockwise_cached_weight_gemm",
-    "(Tensor x_fp8, Tensor x_scales, Tensor b, Tensor param, Tensor offs, str rounding, bool dgrad) -> Tensor",
-    _cached_weight_gemm, _cached_weight_gemm_fake,
-)
+cached_weight_gemm_op = define_cached_weight_gemm("blockwise_cached_weight_gemm", _cached_weight_gemm)
 
 
 def _weight_gemm(x_MC, b_EKN, offs, rounding, param, dgrad):

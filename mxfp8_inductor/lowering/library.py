@@ -30,3 +30,34 @@ def like(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return y  # the common case, decided without allocating
     out = torch.empty_like(x, dtype=y.dtype)
     return y if out.stride() == y.stride() else out.copy_(y)
+
+
+def define_fp8_grouped_mm(name: str, kernel: str) -> torch._ops.OpOverload:
+    """An op `name(a, b, scale_a, scale_b, offs)` running `kernels.triton_fp8_gemm.<kernel>`, one of
+    our Triton FP8 grouped GEMMs: 2d-3d -> [M, N], 2d-2d -> [G, K, N], bf16."""
+
+    def impl(a, b, scale_a, scale_b, offs):
+        from ..kernels import triton_fp8_gemm  # imported lazily: triton is optional off Linux
+
+        return getattr(triton_fp8_gemm, kernel)(a, b, scale_a, scale_b, offs)
+
+    def fake(a, b, scale_a, scale_b, offs):
+        if b.dim() == 3:
+            return a.new_empty(a.shape[0], b.shape[-1], dtype=OUT_DTYPE)
+        return a.new_empty(offs.shape[0], a.shape[0], b.shape[1], dtype=OUT_DTYPE)
+
+    return define(name, "(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor offs) -> Tensor", impl, fake)
+
+
+def define_cached_weight_gemm(name: str, impl: Callable) -> torch._ops.OpOverload:
+    """An op `name(x_fp8, x_scales, b, param, offs, rounding, dgrad)` -> [M, N] (N: b's K with
+    dgrad): x times the weight's FP8 operand, reused under `param`'s version counter
+    (lowering/weights.py). Opaque, and given the parameter itself: the operand b it sees under
+    Inductor is a reinterpreted view with a version counter of its own, and a reused operand
+    returned from an op would be a buffer Inductor may reuse for another output, writing over it."""
+
+    def fake(x_fp8, x_scales, b_EKN, param, offs, rounding, dgrad):
+        return x_fp8.new_empty(x_fp8.shape[0], b_EKN.shape[-2 if dgrad else -1], dtype=OUT_DTYPE)
+
+    schema = "(Tensor x_fp8, Tensor x_scales, Tensor b, Tensor param, Tensor? offs, str rounding, bool dgrad) -> Tensor"
+    return define(name, schema, impl, fake)

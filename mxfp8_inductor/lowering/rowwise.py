@@ -16,7 +16,7 @@ from .. import registry
 from ..kernels import rowwise
 from ..registry import Route
 from . import weights
-from .library import OUT_DTYPE, define
+from .library import OUT_DTYPE, define, define_cached_weight_gemm, define_fp8_grouped_mm
 
 
 def quantizers(device: torch.device) -> types.ModuleType:
@@ -55,19 +55,8 @@ quantize_groups_rowwise_op = define(
 )
 
 
-def _fp8_grouped_mm(a, b, scale_a, scale_b, offs):
-    """Our Triton rowwise FP8 grouped GEMM (`kernels/triton_fp8_gemm.py`, 2d-3d or 2d-2d), bf16 out."""
-    from ..kernels import triton_fp8_gemm
-
-    return triton_fp8_gemm.scaled_grouped_mm(a, b, scale_a, scale_b, offs)
-
-
-fp8_grouped_mm_op = define(
-    "fp8_grouped_mm", "(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor offs) -> Tensor",
-    _fp8_grouped_mm, lambda a, b, scale_a, scale_b, offs: (
-        a.new_empty(a.shape[0], b.shape[-1], dtype=OUT_DTYPE) if b.dim() == 3 else
-        a.new_empty(offs.shape[0], a.shape[0], b.shape[1], dtype=OUT_DTYPE)),
-)
+# our Triton rowwise FP8 grouped GEMM (`kernels/triton_fp8_gemm.py`, 2d-3d or 2d-2d)
+fp8_grouped_mm_op = define_fp8_grouped_mm("fp8_grouped_mm", "scaled_grouped_mm")
 
 
 def _gemm(a, b, scale_a, scale_b, offs, tokens_per_group) -> torch.Tensor:
@@ -105,18 +94,7 @@ def _cached_weight_gemm(x_fp8, x_scales, b_EKN, param, offs, rounding, dgrad):
     return _grouped_or_dense(x_fp8, *_weight_operand(b_EKN, param, rounding, dgrad), x_scales, offs)
 
 
-def _cached_weight_gemm_fake(x_fp8, x_scales, b_EKN, param, offs, rounding, dgrad):
-    return x_fp8.new_empty(x_fp8.shape[0], b_EKN.shape[-2 if dgrad else -1], dtype=OUT_DTYPE)
-
-
-# an opaque op that receives the parameter itself: the operand b it sees under Inductor is a
-# reinterpreted view with a version counter of its own, and a reused operand returned from an op
-# would be a buffer Inductor may reuse for another output, writing over it
-cached_weight_gemm_op = define(
-    "rowwise_cached_weight_gemm",
-    "(Tensor x_fp8, Tensor x_scales, Tensor b, Tensor param, Tensor? offs, str rounding, bool dgrad) -> Tensor",
-    _cached_weight_gemm, _cached_weight_gemm_fake,
-)
+cached_weight_gemm_op = define_cached_weight_gemm("rowwise_cached_weight_gemm", _cached_weight_gemm)
 
 
 def _weight_gemm(x_MC, b_EKN, offs, rounding, param, dgrad, decomposing):
