@@ -8,9 +8,10 @@ with every token group zero-padded to whole tiles so that no tile spans two grou
 not a multiple of 128 ends in a short tile. The exponent is the MXFP8 one with the tile as the
 block (`reference.scale_exponent`), as in `rowwise`; a tile holding NaN or inf gets a NaN scale.
 
-Every scale depends on one tile only, so the quantization of an activation is a reduction over
-128 elements that Inductor fuses with the kernel producing the activation (docs/design.md,
-"Where the operands are quantized"). Everything here is traceable without host syncs: the same
+Every scale depends on one tile only: a quantization is a reduction over 128 elements (128 x 128
+for a weight) that needs no pass over a whole row or group, and Inductor fuses that of an
+activation's 1 x 128 tiles with the kernel producing the activation (docs/design.md, "Where the
+operands are quantized"). Everything here is traceable without host syncs: the same
 functions are the CPU reference and, decomposed under Inductor, the GPU quantizers.
 """
 

@@ -1,8 +1,9 @@
 """The fp8_blockwise recipe's three GEMMs (`kernels/blockwise.py` is its numerics contract).
 
-Every quantization is the pure-torch contract, which Inductor fuses with the kernel producing the
-operand: each scale covers one tile of 128 elements, so none needs a pass over a whole row or
-token group (docs/design.md, "Where the operands are quantized"). On compute capability 9.x the
+Every quantization is the pure-torch contract, in the graph for Inductor: each scale covers one
+tile of 128 elements, so none needs a pass over a whole row or token group, and Inductor fuses
+the activations' 1 x 128 tiles into the kernels producing them (docs/design.md, "Where the
+operands are quantized"). On compute capability 9.x the
 GEMMs are our Triton FP8 grouped GEMM with a scaling per 128-deep contraction step
 (`kernels/triton_fp8_gemm.py`); elsewhere they are emulated: dequantized operands, exact in bf16,
 into the bf16 grouped GEMM. A dense linear is a grouped GEMM of one group.
@@ -58,7 +59,7 @@ cached_weight_gemm_op = define_cached_weight_gemm("blockwise_cached_weight_gemm"
 def _weight_gemm(x_MC, b_EKN, offs, rounding, param, dgrad):
     """x [M, C] (C = K forward, N input gradient) times the weight in FP8, x quantized in tiles of
     1 x 128 here, where Inductor fuses it with its producer; the weight's quantization reused
-    under `param` (None: made here, where Inductor fuses it with the weight's producer)."""
+    under `param` (None: made here, in the graph)."""
     x_fp8, x_scales = blockwise.quantize_tiles(x_MC, -1, rounding)
     x_fp8 = x_fp8.contiguous()
     offs = _one_group(x_MC) if offs is None else offs
@@ -66,13 +67,6 @@ def _weight_gemm(x_MC, b_EKN, offs, rounding, param, dgrad):
         return cached_weight_gemm_op(x_fp8, x_scales, b_EKN, param, offs, rounding, dgrad)
     w_fp8, w_scales = _weight_operand(b_EKN, None, rounding, dgrad)
     return _gemm(x_fp8, w_fp8, x_scales, w_scales, offs)
-
-
-def _wgrad(grad_MN, a_MK, offs, rounding):
-    """d b[E, K, N] = a^T @ grad per token group, both quantized in tiles of 128 tokens."""
-    a_fp8_KT, a_scales_TK, padded_offs = blockwise.quantize_groups(a_MK, offs, rounding)
-    g_fp8_NT, g_scales_TN, _ = blockwise.quantize_groups(grad_MN, offs, rounding)
-    return _gemm(a_fp8_KT, g_fp8_NT.t(), a_scales_TK, g_scales_TN, padded_offs)
 
 
 # --------------------------------------------------------------------------------------------
@@ -88,7 +82,10 @@ def dgrad(grad_MN, b_EKN, offs, rounding, param, decomposing):
 
 
 def wgrad(grad_MN, a_MK, offs, rounding, decomposing):
-    return _wgrad(grad_MN, a_MK, offs, rounding)
+    """d b[E, K, N] = a^T @ grad per token group, both quantized in tiles of 128 tokens."""
+    a_fp8_KT, a_scales_TK, padded_offs = blockwise.quantize_groups(a_MK, offs, rounding)
+    g_fp8_NT, g_scales_TN, _ = blockwise.quantize_groups(grad_MN, offs, rounding)
+    return _gemm(a_fp8_KT, g_fp8_NT.t(), a_scales_TK, g_scales_TN, padded_offs)
 
 
 # Dense linears, out[M, N] = x[M, K] @ w[N, K]^T: the weight as a one-expert [1, K, N] view
@@ -103,4 +100,4 @@ def dense_dgrad(grad_MN, w_NK, rounding, param, decomposing):
 
 
 def dense_wgrad(grad_MN, x_MK, rounding, decomposing):
-    return _wgrad(x_MK, grad_MN, _one_group(x_MK), rounding)[0]
+    return wgrad(x_MK, grad_MN, _one_group(x_MK), rounding, decomposing)[0]
