@@ -1,7 +1,9 @@
 """Triton twin of `torch._scaled_grouped_mm` for the FP8 rowwise recipe (bf16 out), as emulated by
 `rowwise.scaled_grouped_mm`, in both of its layouts: the forward and input gradient's (2d-3d,
 a [M, K] x b [E, K, N] -> out [M, N], token groups along M) and the weight gradient's (2d-2d,
-a [K, T] x b [T, N] -> out [G, K, N], token groups along the contraction T).
+a [K, T] x b [T, N] -> out [G, K, N], token groups along the contraction T). A blockwise mode
+(`blockwise_grouped_mm`, the fp8_blockwise recipe, emulated by `blockwise.scaled_grouped_mm`)
+scales each 128-deep contraction step instead of the epilogue.
 
 Both operands are K-major (the contraction dim contiguous: b is a transposed view), the layout
 Hopper's FP8 wgmma takes: each step loads byte tiles A [BM, BK] and B [BN, BK] by TMA (tensor
