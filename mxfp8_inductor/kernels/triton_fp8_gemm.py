@@ -35,6 +35,7 @@ import triton.language as tl
 from triton.runtime import _allocation
 
 from . import triton_common as tc
+from .blockwise import TILE, tiles
 from .launch import launch_tuned
 
 F8 = torch.float8_e4m3fn
@@ -280,15 +281,15 @@ def _grouped_mm(a, b, scale_a, scale_b, offs, blockwise: bool) -> torch.Tensor:
     _check(a, b, scale_a, scale_b, offs)
     if b.dim() == 3:
         (M, K), (E, _, N) = a.shape, b.shape
-        want_a, want_b = ([M, tc.cdiv(K, 128)], [E, tc.cdiv(K, 128), tc.cdiv(N, 128)]) if blockwise else ([M], [E, N])
+        want_a, want_b = ([M, tiles(K)], [E, tiles(K), tiles(N)]) if blockwise else ([M], [E, N])
         out_shape = (M, N)
         if offs.numel() != E:
             raise ValueError(f"offs must hold one group end per expert: {offs.numel()} for {E} experts")
     else:
         (K, T), (_, N), E = a.shape, b.shape, offs.numel()
-        if blockwise and T % 128:
-            raise ValueError(f"the blockwise weight gradient takes tokens in whole tiles of 128, got {T}")
-        want_a, want_b = ([T // 128, K], [T // 128, N]) if blockwise else ([E * K], [E * N])
+        if blockwise and T % TILE:
+            raise ValueError(f"the blockwise weight gradient takes tokens in whole tiles of {TILE}, got {T}")
+        want_a, want_b = ([T // TILE, K], [T // TILE, N]) if blockwise else ([E * K], [E * N])
         out_shape = (E, K, N)
     if list(scale_a.shape) != want_a or list(scale_b.shape) != want_b:
         raise ValueError(

@@ -11,6 +11,8 @@ into the bf16 grouped GEMM. A dense linear is a grouped GEMM of one group.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .. import registry
@@ -40,7 +42,7 @@ def _weight_operand(b_EKN: torch.Tensor, param: torch.Tensor | None, rounding: s
     """The weight's FP8 operand and block scales for the forward ([E, K, N] view, scales
     [E, K / 128, N / 128]) or the input gradient ([E, N, K] view, the scales transposed): both
     from one quantization of the weight, reused under `param` (None: made for this GEMM)."""
-    quantize = (lambda b: blockwise.quantize_weight(b, rounding))  # noqa: E731
+    quantize = functools.partial(blockwise.quantize_weight, rounding=rounding)
     data_ENK, data_EKN, scales = (quantize(b_EKN) if param is None else
                                   weights.quantized(b_EKN, param, ("fp8_blockwise", rounding), quantize))
     if dgrad:
