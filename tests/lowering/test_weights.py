@@ -106,7 +106,7 @@ def _changes(model: Experts, run, x: torch.Tensor, offs: torch.Tensor):
 
 
 @pytest.mark.parametrize("layout", ["transposed", "contiguous"])
-@pytest.mark.parametrize("recipe", ["fp8_rowwise", "mxfp8"])
+@pytest.mark.parametrize("recipe", ["fp8_rowwise", "fp8_blockwise", "mxfp8"])
 @pytest.mark.parametrize("route", ["eager", "pass"])
 def test_every_change_to_a_weight_is_seen(recipe, layout, route):
     """The cache on, each change made after a step: the next step computes with the new weight,
@@ -128,7 +128,7 @@ def test_every_change_to_a_weight_is_seen(recipe, layout, route):
         before = got
 
 
-@pytest.mark.parametrize("recipe", ["fp8_rowwise", "mxfp8"])
+@pytest.mark.parametrize("recipe", ["fp8_rowwise", "fp8_blockwise", "mxfp8"])
 def test_weights_computed_in_the_graph_are_never_reused(recipe):
     """fp32 master weights cast in the graph: the casts live in buffers Inductor reuses, with the
     same storage, pointer and version for w1's and w3's; each GEMM gets its own weight."""
