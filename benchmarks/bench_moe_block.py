@@ -3,7 +3,7 @@ once per recipe; or, with --gemms, the rate of each expert GEMM by role and kern
 
     python benchmarks/bench_moe_block.py [--out benchmarks/results/moe_block_h200.json]
         [--shapes dsv3,fine64] [--recipes mxfp8,fp8_rowwise] [--rounds 5]
-    python benchmarks/bench_moe_block.py --gemms [--autotune]
+    python benchmarks/bench_moe_block.py --gemms [--autotune] [--gemm-shapes 128x512x2048x1536,...]
         [--out benchmarks/results/grouped_gemm_rates_h200.json]
 
 Block = w1 and w3 grouped GEMMs, silu-mul, w2 grouped GEMM (`shapes.GroupedExperts`), 32768
@@ -14,7 +14,8 @@ shapes move by 0.1x and more between runs on a busy host).
 --gemms times each expert GEMM alone on random operands, uniform token groups, one row per role
 and shape of `RATE_SHAPES` (docs/performance.md, "FP8 grouped GEMM rates"): the forward and input
 gradient (2d-3d) and the weight gradient (2d-2d) in torch's bf16 `_grouped_mm`, torch's rowwise
-FP8 `_scaled_grouped_mm` and our Triton FP8 grouped GEMM; with
+FP8 `_scaled_grouped_mm`, our Triton FP8 grouped GEMM and its blockwise mode (fp8_blockwise's
+scales per 128 along the contraction); with
 --autotune also Inductor's Triton template for `_scaled_grouped_mm` under max-autotune (about two
 minutes of autotuning per GEMM).
 """
@@ -114,10 +115,12 @@ def gemm_rates(experts: int, rows: int, K: int, N: int, autotune: bool) -> list[
     (x_MK @ w_EKN) and the input gradient (grad_MN @ w_ENK, the forward with K and N swapped) are
     M-grouped 2d-3d GEMMs; the weight gradient (grad_NM @ x_MK per group) is K-grouped 2d-2d."""
     from mxfp8_inductor.kernels import triton_fp8_gemm
+    from mxfp8_inductor.kernels.blockwise import TILE, tiles
 
     M = experts * rows
     offs = torch.arange(1, experts + 1, device="cuda", dtype=torch.int32) * rows
     scaled = partial(torch._scaled_grouped_mm, out_dtype=torch.bfloat16)
+    p2 = lambda *shape: torch.exp2(torch.randint(-4, 4, shape, device="cuda").float())  # noqa: E731
     out = []
     for role, (k, n) in {"forward": (K, N), "dgrad": (N, K)}.items():
         a_MK = torch.randn(M, k, device="cuda", dtype=torch.bfloat16)
@@ -126,7 +129,9 @@ def gemm_rates(experts: int, rows: int, K: int, N: int, autotune: bool) -> list[
                 torch.rand(experts, n, device="cuda"), offs)
         kernels = {"bf16": partial(torch._grouped_mm, a_MK, w_ENK.transpose(-2, -1), offs=offs),
                    "fp8_torch": partial(scaled, *args[:4], offs=offs),
-                   "fp8_ours": partial(triton_fp8_gemm.scaled_grouped_mm, *args)}
+                   "fp8_ours": partial(triton_fp8_gemm.scaled_grouped_mm, *args),
+                   "fp8_blockwise": partial(triton_fp8_gemm.blockwise_grouped_mm, *args[:2], p2(M, tiles(k)),
+                                            p2(experts, tiles(k), tiles(n)), offs)}
         out.append((role, k, n, kernels, partial(_template, *args)))
     grad_NM = torch.randn(N, M, device="cuda", dtype=torch.bfloat16)  # the transposed output gradient
     x_MK = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
@@ -134,7 +139,9 @@ def gemm_rates(experts: int, rows: int, K: int, N: int, autotune: bool) -> list[
             torch.rand(experts * K, device="cuda"), offs)
     kernels = {"bf16": partial(torch._grouped_mm, grad_NM, x_MK, offs=offs),
                "fp8_torch": partial(scaled, *args[:4], offs=offs),
-               "fp8_ours": partial(triton_fp8_gemm.scaled_grouped_mm, *args)}
+               "fp8_ours": partial(triton_fp8_gemm.scaled_grouped_mm, *args),
+               "fp8_blockwise": partial(triton_fp8_gemm.blockwise_grouped_mm, *args[:2], p2(M // TILE, N),
+                                        p2(M // TILE, K), offs)}
     out.append(("wgrad", K, N, kernels, partial(_template, *args)))
     rows_out = []
     for role, k, n, kernels, template in out:
@@ -161,6 +168,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds per variant")
     p.add_argument("--gemms", action="store_true", help="time each expert GEMM by role and kernel instead")
     p.add_argument("--autotune", action="store_true", help="with --gemms: time Inductor's max-autotune template too")
+    p.add_argument("--gemm-shapes", help="with --gemms: EXRXKXN forward shapes (experts, rows per group, K, N), "
+                                         "comma-separated, instead of all of RATE_SHAPES")
     args = p.parse_args()
     require_gpu()
     rows = []
@@ -173,7 +182,10 @@ def main() -> None:
             json.dump(result, f, indent=1)
 
     if args.gemms:
-        for shape in RATE_SHAPES:
+        shapes = RATE_SHAPES
+        if args.gemm_shapes:
+            shapes = [tuple(int(d) for d in shape.split("x")) for shape in args.gemm_shapes.split(",")]
+        for shape in shapes:
             rows += gemm_rates(*shape, args.autotune)
             save()
     else:

@@ -58,6 +58,17 @@ WGRAD_CONFIGS = [
     triton.Config({"BM": 256, "BN": 128, "BK": 128, "RUN": run, "PER_SM": 1}, num_warps=8, num_stages=3)
     for run in (2, 4, 8, 16)
 ]
+# the blockwise mode scales each step's MMA sum before the next step adds to it, so every warp group
+# waits on its MMA each step: it runs fastest with 128 x 128 tiles over two warp groups, half the
+# accumulator per warp group of the rowwise mode's tiles, in both layouts
+BLOCKWISE_CONFIGS = [
+    triton.Config({"BM": 128, "BN": 128, "BK": 128, "FLATTEN": False, "PER_SM": 1}, num_warps=8, num_stages=stages)
+    for stages in (3, 4)
+]
+BLOCKWISE_WGRAD_CONFIGS = [
+    triton.Config({"BM": 128, "BN": 128, "BK": 128, "RUN": run, "PER_SM": 1}, num_warps=8, num_stages=3)
+    for run in (4, 8)
+]
 # the interpreter: small tiles keep CPU tests fast; runs of two tiles, so some are cut short
 INTERPRETER_CONFIG = {"BM": 32, "BN": 32, "BK": 32, "FLATTEN": False, "PER_SM": 1}
 WGRAD_INTERPRETER_CONFIG = {"BM": 32, "BN": 32, "BK": 32, "RUN": 2, "PER_SM": 1}
@@ -131,7 +142,8 @@ def _gemm_2d3d_kernel(
 
 # keyed on the mean rows per group too (a power of two): the best tile differs between 16 and 512
 # rows per group at one (N, K), and a process may meet both (`recipe="auto"` times small buckets)
-_gemm_2d3d_tuned = triton.autotune(GPU_CONFIGS, key=["N", "K", "rows_per_group_p2", "BLOCKWISE"])(_gemm_2d3d_kernel)
+_gemm_2d3d_tuned = triton.autotune(GPU_CONFIGS, key=["N", "K", "rows_per_group_p2"])(_gemm_2d3d_kernel)
+_gemm_2d3d_blockwise_tuned = triton.autotune(BLOCKWISE_CONFIGS, key=["N", "K", "rows_per_group_p2"])(_gemm_2d3d_kernel)
 
 
 @triton.jit
@@ -220,7 +232,10 @@ def _gemm_2d2d_kernel(
                     acc = tl.zeros([BM, BN], dtype=tl.float32)
 
 
-_gemm_2d2d_tuned = triton.autotune(WGRAD_CONFIGS, key=["K", "N", "rows_per_group_p2", "BLOCKWISE"])(_gemm_2d2d_kernel)
+_gemm_2d2d_tuned = triton.autotune(WGRAD_CONFIGS, key=["K", "N", "rows_per_group_p2"])(_gemm_2d2d_kernel)
+_gemm_2d2d_blockwise_tuned = triton.autotune(BLOCKWISE_WGRAD_CONFIGS, key=["K", "N", "rows_per_group_p2"])(
+    _gemm_2d2d_kernel
+)
 
 
 def _check(a, b, scale_a, scale_b, offs) -> None:
@@ -313,13 +328,15 @@ def _grouped_mm(a, b, scale_a, scale_b, offs, blockwise: bool) -> torch.Tensor:
         rows = tc.pow2(M // max(E, 1))
         args = (a_op, a.stride(0), b_op, b.stride(0), b.stride(2), *shared, M, N, K, rows, *strides)
         key = (N, K, rows, blockwise)
-        launch_tuned(_gemm_2d3d_kernel, _gemm_2d3d_tuned, key, grid, args, consts, INTERPRETER_CONFIG)
+        tuned = _gemm_2d3d_blockwise_tuned if blockwise else _gemm_2d3d_tuned
+        launch_tuned(_gemm_2d3d_kernel, tuned, key, grid, args, consts, INTERPRETER_CONFIG)
     else:
         rows = tc.pow2(T // max(E, 1))
         args = (a_op, a.stride(0), b_op, b.stride(1), *shared, T, K, N, rows, *strides)
         consts["TMA_STORE"] = N % 8 == 0  # bf16 rows of a multiple of 16 bytes
         key = (K, N, rows, blockwise)
-        launch_tuned(_gemm_2d2d_kernel, _gemm_2d2d_tuned, key, grid, args, consts, WGRAD_INTERPRETER_CONFIG)
+        tuned = _gemm_2d2d_blockwise_tuned if blockwise else _gemm_2d2d_tuned
+        launch_tuned(_gemm_2d2d_kernel, tuned, key, grid, args, consts, WGRAD_INTERPRETER_CONFIG)
     return out
 
 
