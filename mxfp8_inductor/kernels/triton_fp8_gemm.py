@@ -327,14 +327,14 @@ def _grouped_mm(a, b, scale_a, scale_b, offs, blockwise: bool) -> torch.Tensor:
     if b.dim() == 3:
         rows = tc.pow2(M // max(E, 1))
         args = (a_op, a.stride(0), b_op, b.stride(0), b.stride(2), *shared, M, N, K, rows, *strides)
-        key = (N, K, rows, blockwise)
+        key = (N, K, rows)
         tuned = _gemm_2d3d_blockwise_tuned if blockwise else _gemm_2d3d_tuned
         launch_tuned(_gemm_2d3d_kernel, tuned, key, grid, args, consts, INTERPRETER_CONFIG)
     else:
         rows = tc.pow2(T // max(E, 1))
         args = (a_op, a.stride(0), b_op, b.stride(1), *shared, T, K, N, rows, *strides)
         consts["TMA_STORE"] = N % 8 == 0  # bf16 rows of a multiple of 16 bytes
-        key = (K, N, rows, blockwise)
+        key = (K, N, rows)
         tuned = _gemm_2d2d_blockwise_tuned if blockwise else _gemm_2d2d_tuned
         launch_tuned(_gemm_2d2d_kernel, tuned, key, grid, args, consts, WGRAD_INTERPRETER_CONFIG)
     return out
