@@ -120,7 +120,9 @@ def gemm_rates(experts: int, rows: int, K: int, N: int, autotune: bool) -> list[
     M = experts * rows
     offs = torch.arange(1, experts + 1, device="cuda", dtype=torch.int32) * rows
     scaled = partial(torch._scaled_grouped_mm, out_dtype=torch.bfloat16)
-    p2 = lambda *shape: torch.exp2(torch.randint(-4, 4, shape, device="cuda").float())  # noqa: E731
+    def p2(*shape: int) -> torch.Tensor:  # blockwise scales: powers of two
+        return torch.exp2(torch.randint(-4, 4, shape, device="cuda").float())
+
     out = []
     for role, (k, n) in {"forward": (K, N), "dgrad": (N, K)}.items():
         a_MK = torch.randn(M, k, device="cuda", dtype=torch.bfloat16)
