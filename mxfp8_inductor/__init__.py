@@ -9,7 +9,7 @@ from ._version import __version__, check_torch
 
 check_torch()
 
-from .backend import inductor_options, mxfp8_backend  # noqa: E402
+from .backend import inductor_options, mxfp8_backend, register_backend_name  # noqa: E402
 from .explain import Report, explain  # noqa: E402
 from .kernels.mx import (  # noqa: E402
     dequantize,
@@ -22,6 +22,8 @@ from .kernels.mx import (  # noqa: E402
 from .lowering import clear_weight_cache, grouped_mm, linear  # noqa: E402
 from .marking import mxfp8  # noqa: E402
 from .options import MXFP8Config  # noqa: E402
+
+register_backend_name()
 
 __all__ = [
     "__version__",

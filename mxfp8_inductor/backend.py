@@ -136,12 +136,26 @@ def install_marked_model_pass() -> None:
         setattr(cfg, key, value)
 
 
+BACKEND_NAME = "mxfp8"
+
+
+def register_backend_name() -> None:
+    """Make `torch.compile(model, backend="mxfp8")` work where the package is imported from a plain
+    path (a checkout, a notebook, a vendored copy) with no `torch_dynamo_backends` entry point
+    installed. Called on import; it adds only the name, as third-party backends do. Where the entry
+    point is installed Dynamo loads it lazily, and registering the name here as well would make that
+    load fail as a duplicate, so the name is left to it."""
+    from importlib.metadata import entry_points
+
+    from torch._dynamo.backends.registry import _COMPILER_FNS
+
+    if BACKEND_NAME in _COMPILER_FNS or BACKEND_NAME in entry_points(group="torch_dynamo_backends").names:
+        return
+    torch._dynamo.register_backend(name=BACKEND_NAME)(mxfp8_backend)
+
+
 @functools.cache
 def ensure_registered() -> None:
-    """What the package adds to torch, once, on first use of an entry point (importing it adds
-    only the `torch.ops.mxfp8` op definitions): the ops' Inductor decompositions, and the backend
-    name "mxfp8" where no installed entry point provides it (Dynamo loads that one lazily and
-    rejects a second registration of the name)."""
+    """What the package adds to Inductor, once, on first use of an entry point (importing it adds
+    only the `torch.ops.mxfp8` op definitions and the backend name): the ops' decompositions."""
     register_decompositions()
-    if "mxfp8" not in torch._dynamo.list_backends(exclude_tags=()):
-        torch._dynamo.register_backend(name="mxfp8")(mxfp8_backend)

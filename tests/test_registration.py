@@ -1,5 +1,5 @@
-"""Importing the package changes nothing in torch or Inductor; the first use of an entry point
-registers the ops' decompositions and the backend name, once."""
+"""Importing the package adds the backend name "mxfp8" and changes nothing in Inductor; the first
+use of an entry point registers the ops' decompositions, once."""
 
 import subprocess
 import sys
@@ -12,7 +12,7 @@ import torch._inductor.decomposition as decomposition
 from torch._dynamo.backends import registry
 
 def state():
-    return (dict(decomposition.decompositions), config.get_config_copy(), "mxfp8" in registry._COMPILER_FNS,
+    return (dict(decomposition.decompositions), config.get_config_copy(),
             decomposition.fast_random_decomps.cache_info().currsize)
 
 decomposition.fast_random_decomps()
@@ -22,7 +22,7 @@ for info in pkgutil.walk_packages(mxfp8_inductor.__path__, "mxfp8_inductor."):
     if not info.name.endswith("__main__"):
         importlib.import_module(info.name)
 after = state()
-names = ("decompositions", "Inductor config", "the Dynamo backend names", "fast_random_decomps")
+names = ("decompositions", "Inductor config", "fast_random_decomps")
 for name, b, a in zip(names, before, after):
     assert a == b, f"importing the package changed {name}"
 
@@ -36,8 +36,64 @@ print("ok")
 """
 
 
-def test_import_changes_nothing_and_first_use_registers():
+def test_import_changes_nothing_in_inductor_and_first_use_registers():
     out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+# the backend name with the package on a plain path: its torch_dynamo_backends entry point hidden
+PLAIN_PATH = r"""
+import importlib.metadata as md
+
+real = md.entry_points
+def without_ours(**kwargs):
+    eps = real(**kwargs)
+    if kwargs.get("group") == "torch_dynamo_backends":
+        return md.EntryPoints(ep for ep in eps if ep.name != "mxfp8")
+    return eps
+md.entry_points = without_ours
+
+import torch
+from torch._dynamo.utils import counters
+
+x = torch.randn(64, 32, dtype=torch.bfloat16)
+w = torch.randn(2, 32, 32, dtype=torch.bfloat16)
+offs = torch.tensor([32, 64], dtype=torch.int32)
+f = lambda x, w, offs: torch._grouped_mm(x, w, offs=offs)
+try:
+    torch.compile(f, backend="mxfp8")(x, w, offs)
+except torch._dynamo.exc.InvalidBackend:
+    pass
+else:
+    raise AssertionError("the name resolved with the entry point hidden and the package not imported")
+torch._dynamo.reset()
+import mxfp8_inductor
+torch.compile(f, backend="mxfp8")(x, w, offs)
+assert counters["inductor"]["mxfp8_forward_rewritten"] == 1, dict(counters["inductor"])
+print("ok")
+"""
+
+# the installed entry point loads the package, whose import must leave the name to Dynamo
+ENTRY_POINT_FIRST = r"""
+import torch
+from torch._dynamo.utils import counters
+
+x = torch.randn(64, 32, dtype=torch.bfloat16)
+w = torch.randn(2, 32, 32, dtype=torch.bfloat16)
+torch.compile(lambda x, w, offs: torch._grouped_mm(x, w, offs=offs), backend="mxfp8")(
+    x, w, torch.tensor([32, 64], dtype=torch.int32))
+assert counters["inductor"]["mxfp8_forward_rewritten"] == 1, dict(counters["inductor"])
+print("ok")
+"""
+
+
+def test_backend_name_works_from_a_plain_path():
+    out = subprocess.run([sys.executable, "-c", PLAIN_PATH], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+def test_backend_name_through_the_installed_entry_point():
+    out = subprocess.run([sys.executable, "-c", ENTRY_POINT_FIRST], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
 
 
