@@ -1,0 +1,121 @@
+"""The warp-specialized Gluon FP8 grouped GEMM (`kernels/gluon_fp8_gemm.py`, 2d-3d: the forward and
+input gradient) against torch's bf16 `_grouped_mm` and our `tl` kernel, side by side on this GPU.
+
+    PYTHONPATH=. python benchmarks/bench_gluon_gemm.py [--shapes 128x512x2048x1536,...] [--rounds 3]
+        [--variants 0,1] [--out benchmarks/results/gluon_gemm_h100.json]
+
+Shapes are EXRXKXN (experts, rows per group, K, N), uniform groups as in `bench_moe_block.py
+--gemms`; the default is the fine-grained ones of issue 60. Per shape, each Gluon variant
+(`gluon_fp8_gemm.VARIANTS`) is first checked bit for bit against the `tl` kernel on the same
+operands; then every kernel is timed by `triton.testing.do_bench` (median), taking turns over
+--rounds rounds (`bench_moe_block.interleaved`), each call on the next of --sets operand sets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+
+import torch
+import triton
+from bench_moe_block import interleaved
+from shapes import require_gpu
+
+from mxfp8_inductor.kernels import gluon_fp8_gemm, triton_fp8_gemm
+
+F8 = torch.float8_e4m3fn
+FINE_SHAPES = "128x512x2048x1536,128x512x768x2048,64x512x2048x1536,64x512x1536x2048,64x1024x2048x1536,16x2048x2048x768"
+
+
+def operand_sets(experts: int, rows: int, K: int, N: int, sets: int) -> list[dict]:
+    """`sets` independent operand sets: bf16 x_MK and w_ENK (randn), their float8 casts (b the
+    transposed view the forward passes) and power-of-two scales."""
+    M = experts * rows
+    offs = torch.arange(1, experts + 1, device="cuda", dtype=torch.int32) * rows
+    out = []
+    for _ in range(sets):
+        x_MK = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        w_ENK = torch.randn(experts, N, K, device="cuda", dtype=torch.bfloat16)
+        sa_M = torch.exp2(torch.randint(-4, 4, (M,), device="cuda").float())
+        sb_EN = torch.exp2(torch.randint(-4, 4, (experts, N), device="cuda").float())
+        fp8 = (x_MK.to(F8), w_ENK.to(F8).transpose(-2, -1), sa_M, sb_EN, offs)
+        out.append({"bf16": (x_MK, w_ENK.transpose(-2, -1)), "fp8": fp8, "offs": offs})
+    return out
+
+
+def rotating(fn, sets: list[dict]):
+    """fn on the next operand set at every call: consecutive calls share no operand in L2."""
+    state = {"i": 0}
+
+    def call():
+        state["i"] = (state["i"] + 1) % len(sets)
+        return fn(sets[state["i"]])
+
+    return call
+
+
+def measure(experts: int, rows: int, K: int, N: int, variants: list, rounds: int, sets: int) -> dict:
+    ops = operand_sets(experts, rows, K, N, sets)
+    kernels = {
+        "bf16": lambda s: torch._grouped_mm(*s["bf16"], offs=s["offs"]),
+        "tl": lambda s: triton_fp8_gemm.scaled_grouped_mm(*s["fp8"]),
+    }
+    for i, cfg in variants:
+        kernels[f"gluon{i}"] = lambda s, cfg=cfg: gluon_fp8_gemm._grouped_mm(*s["fp8"], cfg)
+    row = {"experts": experts, "rows_per_group": rows, "K": K, "N": N}
+    want = kernels["tl"](ops[0]).view(torch.int16)  # every row is in a group: all are compared
+    for i, _ in variants:
+        got = kernels[f"gluon{i}"](ops[0]).view(torch.int16)
+        row[f"gluon{i}_differing"] = int((got != want).sum())
+    ms = interleaved({name: rotating(fn, ops) for name, fn in kernels.items()}, rounds)
+    flop = 2 * experts * rows * K * N
+    for name, times in ms.items():
+        row[f"{name}_ms"] = statistics.median(times)
+        row[f"{name}_tflops"] = round(flop / row[f"{name}_ms"] / 1e9, 1)
+        if name != "bf16":  # median of the per-round ratios: a slow spell hits both sides alike
+            row[f"{name}_vs_bf16"] = round(statistics.median(b / t for b, t in zip(ms["bf16"], times)), 3)
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shapes", default=FINE_SHAPES, help="EXRXKXN, comma-separated")
+    p.add_argument("--variants", help="indices into gluon_fp8_gemm.VARIANTS (default: all)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--sets", type=int, default=2, help="operand sets the calls rotate over")
+    p.add_argument("--out", help="JSON path (default: benchmarks/results/gluon_gemm_<card>.json)")
+    args = p.parse_args()
+    require_gpu()
+    if not gluon_fp8_gemm.available():
+        sys.exit(f"{sys.argv[0]}: Gluon FP8 GEMM unavailable here (needs a 9.x GPU and triton's Gluon)")
+    card = "h200" if "H200" in torch.cuda.get_device_name() else "h100"
+    out = args.out or f"benchmarks/results/gluon_gemm_{card}.json"
+    picked = [int(i) for i in args.variants.split(",")] if args.variants else range(len(gluon_fp8_gemm.VARIANTS))
+    variants = [(i, gluon_fp8_gemm.VARIANTS[i]) for i in picked]
+    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+              "date": datetime.date.today().isoformat(), "command": " ".join(sys.argv),
+              "variants": {f"gluon{i}": str(cfg) for i, cfg in variants}, "rows": []}
+    for i, cfg in variants:
+        print(f"gluon{i}: {cfg}", flush=True)
+    for shape in args.shapes.split(","):
+        row = measure(*(int(d) for d in shape.split("x")), variants, args.rounds, args.sets)
+        result["rows"].append(row)
+        with open(out, "w") as f:  # after every shape: a run cut short keeps what it measured
+            json.dump(result, f, indent=1)
+        print(" ".join(f"{k} {v}" for k, v in row.items()), flush=True)
+    names = ["tl"] + [f"gluon{i}" for i, _ in variants]
+    print(f"\n{result['gpu']}, torch {torch.__version__}, triton {triton.__version__}: TFLOP/s (x bf16)")
+    print(f"{'E x rows x K x N':<22} {'bf16':>7} " + " ".join(f"{n:>15}" for n in names) + "  bit-equal")
+    for r in result["rows"]:
+        cells = " ".join(f"{r[f'{n}_tflops']:>7} ({r[f'{n}_vs_bf16']:.2f}x)" for n in names)
+        equal = all(r[f"gluon{i}_differing"] == 0 for i, _ in variants)
+        print(f"{'x'.join(str(r[k]) for k in ('experts', 'rows_per_group', 'K', 'N')):<22} {r['bf16_tflops']:>7} "
+              f"{cells}  {equal}")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
