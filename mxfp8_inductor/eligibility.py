@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .options import check_choice
+from .options import check_choice, check_flag
 
 # K and N must be multiples of this: MXFP8 blocks of 32 along both contractions; FP8 rows of
 # 16-byte aligned strides for torch's FP8 grouped GEMM
@@ -81,11 +81,18 @@ def dense_problem(x: Any, w: Any, bias: Any, recipe: str, min_dim: int) -> str |
     return None
 
 
-def check_linear_args(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, recipe: str, rounding: str,
-                      wgrad: str) -> None:
-    """Raise ValueError naming the requirement a `linear` call breaks."""
+def _check_options(recipe: str, rounding: str, wgrad: str, weight_cache: bool, autotune: bool) -> None:
+    """The eager ops' options, by the rules `MXFP8Config` checks them with."""
     for name, value in (("recipe", recipe), ("rounding", rounding), ("wgrad", wgrad)):
         check_choice(name, value)
+    for name, value in (("weight_cache", weight_cache), ("autotune", autotune)):
+        check_flag(name, value)
+
+
+def check_linear_args(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, recipe: str, rounding: str,
+                      wgrad: str, weight_cache: bool, autotune: bool) -> None:
+    """Raise ValueError naming the requirement a `linear` call breaks."""
+    _check_options(recipe, rounding, wgrad, weight_cache, autotune)
     problem = dense_problem(x, w, bias, recipe, 0)
     if problem:
         raise ValueError(problem)
@@ -96,10 +103,9 @@ def check_linear_args(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | Non
 
 
 def check_grouped_mm_args(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, recipe: str, rounding: str,
-                          wgrad: str) -> None:
+                          wgrad: str, weight_cache: bool, autotune: bool) -> None:
     """Raise ValueError naming the requirement a `grouped_mm` call breaks (offs values too, in eager)."""
-    for name, value in (("recipe", recipe), ("rounding", rounding), ("wgrad", wgrad)):
-        check_choice(name, value)
+    _check_options(recipe, rounding, wgrad, weight_cache, autotune)
     if not isinstance(offs, torch.Tensor):
         raise ValueError(f"offs must be a 1-D int32 tensor, got {type(offs).__name__}")
     problem = _operand_problem(a, b, recipe) or _offs_problem(offs)

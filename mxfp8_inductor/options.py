@@ -34,6 +34,13 @@ def check_choice(name: str, value: Any) -> None:
     if value not in allowed:
         raise ValueError(f"unknown {name} {value!r}: expected one of {allowed}")
 
+
+def check_flag(name: str, value: Any) -> None:
+    """Raise ValueError unless `value` is True or False: a truthy stand-in ("False", 1) would turn
+    the option on unseen."""
+    if type(value) is not bool:
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+
 # FQN globs: dotted names with *, ? and [...] classes
 _PATTERN_OK = re.compile(r"^[A-Za-z0-9_.*?\[\]!\-]+$")
 
@@ -113,8 +120,7 @@ class MXFP8Config:
         if type(self.dense_min_dim) is not int or self.dense_min_dim < 0:
             raise ValueError(f"dense_min_dim must be a non-negative int, got {self.dense_min_dim!r}")
         for field in ("weight_cache", "autotune", "mxfp8_fused", "fsdp_fp8_all_gather"):
-            if type(getattr(self, field)) is not bool:
-                raise ValueError(f"{field} must be True or False, got {getattr(self, field)!r}")
+            check_flag(field, getattr(self, field))
         if self.fsdp_fp8_all_gather:
             self._check_shared_weights()
         if self.filter_fn is not None and not callable(self.filter_fn):

@@ -6,11 +6,14 @@ where "op" is the eager model with the grouped matmuls the pass rewrites replace
 """
 
 import dataclasses
+import json
+import sys
 
 import pytest
 import torch
 
 from mxfp8_inductor import MXFP8Config, check
+from mxfp8_inductor.check import __main__ as check_cli
 from mxfp8_inductor.lowering import ops
 
 transformers = pytest.importorskip("transformers")
@@ -183,3 +186,81 @@ def test_torchtitan_models(module, flavor):
     """TorchTitan's own MoE models from their registered configs, up to their first MoE layer."""
     model, inputs = _torchtitan(module, flavor)
     _assert_equivalent(model, inputs, compiler=GRAPH)
+
+
+# ---- python -m mxfp8_inductor.check: each mistake ends in one line with exit status 2 (the CLI's
+# other mistakes: tests/test_check_cli.py)
+
+_BUILDERS = '''
+import torch
+
+def not_a_pair():
+    return torch.nn.Linear(2, 2)
+
+def tensor_inputs():
+    return torch.nn.Linear(2, 2), torch.randn(2, 2)
+
+def no_module():
+    return "model", (torch.randn(2, 2),)
+
+build_model = None
+'''
+
+
+@pytest.fixture
+def builders(tmp_path, monkeypatch):
+    """A module `mxfp8_cli_builders` of builders that break the (model, inputs) contract, and a
+    config folder per mistake."""
+    (tmp_path / "mxfp8_cli_builders.py").write_text(_BUILDERS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "mxfp8_cli_builders", raising=False)
+    (tmp_path / "unknown").mkdir()
+    (tmp_path / "unknown" / "config.json").write_text(json.dumps({"model_type": "no_such_type"}))
+    return tmp_path
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["{tmp}/missing"], "no folder '{tmp}/missing' (a Hub id is namespace/name)"),
+    (["{tmp}/unknown"], "cannot load '{tmp}/unknown': The checkpoint you are trying to load has model type "
+                        "`no_such_type` but Transformers does not recognize this architecture."),
+    (["mxfp8_cli_builders:missing_fn"], "module 'mxfp8_cli_builders' has no function 'missing_fn' returning "
+                                        "(model, inputs)"),
+    (["mxfp8_cli_builders:build_model"], "module 'mxfp8_cli_builders' has no function 'build_model'"),
+    (["mxfp8_cli_builders:not_a_pair"], "mxfp8_cli_builders:not_a_pair must return a pair (model, inputs), "
+                                        "got Linear"),
+    (["mxfp8_cli_builders:no_module"], "mxfp8_cli_builders:no_module must return (model, inputs) with a "
+                                       "torch.nn.Module model, got str"),
+    (["mxfp8_cli_builders:tensor_inputs"], "mxfp8_cli_builders:tensor_inputs must return (model, inputs) with "
+                                           "inputs a tuple or list of the forward's arguments, got Tensor "
+                                           "(one tensor x: return (model, (x,)))"),
+])
+def test_cli_mistakes_end_in_one_line_with_status_2(builders, argv, message, capsys):
+    """A folder that does not exist, a config of an unknown model_type, a builder that is not
+    there or does not return (model, inputs): argparse's one error line, no traceback."""
+    with pytest.raises(SystemExit) as exit_:
+        check_cli.main([a.format(tmp=builders) for a in argv])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].startswith(f"python -m mxfp8_inductor.check: error: "
+                                                   f"{message.format(tmp=builders)}")
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["mixtral", "--exclude", "layers.[0"], "malformed FQN pattern 'layers.[0'"),
+    (["mixtral", "--include", ""], "include/exclude patterns must be non-empty strings, got ''"),
+])
+def test_cli_checks_patterns_before_building_the_model(monkeypatch, argv, message, capsys):
+    """A malformed --exclude or --include is refused before the model is built (minutes at full
+    size), with the message the compile would give."""
+    def build(*args, **kwargs):
+        raise AssertionError("built a model before checking the patterns")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_config", build)
+    monkeypatch.setattr(transformers.AutoModel, "from_config", build)
+    with pytest.raises(SystemExit) as exit_:
+        check_cli.main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].startswith(f"python -m mxfp8_inductor.check: error: {message}")
+    assert "Traceback" not in err and "building" not in err

@@ -78,9 +78,16 @@ def transformers_model(
     hybrid stack's linear-attention layers become full attention where its config lists the
     layers' kinds (their reference implementations, loops over each chunk's tokens, take minutes
     to trace; the pass never rewrites them)."""
+    return model_from_config(text_config(name), tiny, layers, full_attention)
+
+
+def model_from_config(
+    config: Any, tiny: bool = True, layers: int = TINY["num_hidden_layers"], full_attention: bool = False
+) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    """`transformers_model` of a text-model config already loaded (the CLI loads it apart, so that
+    a config it cannot load is the user's mistake, not a failure of building)."""
     import transformers
 
-    config = text_config(name)
     # a stack that lists its layers' kinds, settable (Jamba derives its list from attention periods)
     listed = not isinstance(getattr(type(config), "layer_types", None), property)
     hybrid = listed and "full_attention" in (getattr(config, "layer_types", None) or [])

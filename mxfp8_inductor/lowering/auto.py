@@ -193,6 +193,9 @@ def plan_for(recipe: str, wgrad: str, *, M: int | None, K: int, N: int, E: int, 
         plan = Plan((Gemm.MXFP8,) * 3, ("compute capability 10.x: native MXFP8 (the cost model is Hopper's)",) * 3)
     elif fixed is not None:
         plan = Plan((Gemm.BF16,) * 3, ("no calibrated FP8 GEMM on this GPU",) * 3)
+    elif recipe == "auto" and (K == 0 or N == 0):
+        # the op returns zeros without a GEMM: no cost to compare, and no FP8 to gain
+        plan = Plan((Gemm.BF16,) * 3, ("K or N is 0: nothing to multiply",) * 3)
     elif recipe == "auto":
         plan = _auto(M, K, N, E, dense, device, timed, rounding, cached)
     else:

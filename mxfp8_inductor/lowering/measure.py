@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 import os
 import pathlib
 import tempfile
@@ -52,6 +53,12 @@ def _path() -> pathlib.Path:
     return pathlib.Path(cache_dir()) / "mxfp8_inductor" / "gemm_times.json"
 
 
+def _usable(ms: object) -> bool:
+    """Whether a time read from the file can be compared: a finite positive number. JSON holds NaN,
+    Infinity and true (a bool is an int to Python) as well; any other entry is timed again."""
+    return type(ms) in (int, float) and math.isfinite(ms) and ms > 0
+
+
 def _load() -> dict[str, float]:
     global _times
     if _times is None:
@@ -59,7 +66,7 @@ def _load() -> dict[str, float]:
             data = json.loads(_path().read_text())
         except (OSError, ValueError):  # none yet, or a torn write from another process
             data = {}
-        _times = {k: float(v) for k, v in data.items() if isinstance(v, (int, float))} if isinstance(data, dict) else {}
+        _times = {k: float(v) for k, v in data.items() if _usable(v)} if isinstance(data, dict) else {}
     return _times
 
 

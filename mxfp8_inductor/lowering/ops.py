@@ -63,14 +63,28 @@ def _choice(deferred: Gemm, role: int, M: int, K: int, N: int, E: int, dense: bo
 
 
 _NO_WEIGHT = object()  # the weight gradient's calls: no weight operand, no `param`
+# each method's result dims, of M, K, N and E (the fake impls' shapes): what an empty GEMM returns
+_OUT_DIMS = {"forward": "MN", "dgrad": "MK", "wgrad": "EKN", "dense_forward": "MN", "dense_dgrad": "MK",
+             "dense_wgrad": "NK"}
 
 
 def _gemm(method: str, recipe: str, role: int, like: torch.Tensor, MKNE: tuple[int, int, int, int], *operands,
-          rounding: str, param=_NO_WEIGHT, decomposing: bool):
+          rounding: str, param=_NO_WEIGHT, shared_weight: bool = False, decomposing: bool):
     """`RECIPES[recipe].<method>(*operands, rounding[, param], decomposing)` in `like`'s dtype
     (`recipe` a `Gemm` value); a choice deferred to run time is made for this call's M, K, N, E,
-    and declines to decompose (Inductor keeps the op)."""
+    and declines to decompose (Inductor keeps the op). `shared_weight`: the weight operand (the
+    second) is rounded once for both its GEMMs (docs/design.md, "Shared weight scales"), in each
+    GEMM anew rather than saved for the backward beside it."""
     gemm = Gemm(recipe)  # ValueError naming the value and the valid ones for anything else
+    sizes = dict(zip("MKNE", MKNE))
+    if sizes["K"] == 0 or sizes["N"] == 0:
+        # nothing to multiply: the exact result is zeros (empty where N or K is the output's), as
+        # torch._grouped_mm gives where it runs; the quantizers and torch's GEMMs refuse the
+        # unaligned strides of an empty dimension, and "auto" has no cost for it
+        return like.new_zeros([sizes[d] for d in _OUT_DIMS[method]])
+    if shared_weight:
+        x, b, *rest = operands
+        operands = (x, shared_weight_rounding.quantize_dequantize(b, gemm.numerics, rounding), *rest)
     weight = () if param is _NO_WEIGHT else (param,)
     if gemm in DEFERRED:
         if decomposing:
@@ -80,23 +94,16 @@ def _gemm(method: str, recipe: str, role: int, like: torch.Tensor, MKNE: tuple[i
     return _result(getattr(RECIPES[gemm], method)(*operands, rounding, *weight, decomposing), like)
 
 
-def _weight(b: torch.Tensor, recipe: str, rounding: str, shared_weight: bool) -> torch.Tensor:
-    """The weight operand: with `shared_weight`, rounded once for both GEMMs (docs/design.md,
-    "Shared weight scales"), in each GEMM anew rather than saved for the backward beside b."""
-    return shared_weight_rounding.quantize_dequantize(b, Gemm(recipe).numerics, rounding) if shared_weight else b
-
-
 def _forward(a, b, offs, forward, dgrad, wgrad, rounding, param, shared_weight=False, *, decomposing=False):
     MKNE = (a.shape[0], b.shape[-2], b.shape[-1], b.shape[0])
-    b = _weight(b, forward, rounding, shared_weight)
-    return _gemm("forward", forward, 0, a, MKNE, a, b, offs, rounding=rounding, param=param, decomposing=decomposing)
+    return _gemm("forward", forward, 0, a, MKNE, a, b, offs, rounding=rounding, param=param,
+                 shared_weight=shared_weight, decomposing=decomposing)
 
 
 def _dgrad(grad, b, offs, recipe, rounding, param, shared_weight=False, *, decomposing=False):
     MKNE = (grad.shape[0], b.shape[-2], b.shape[-1], b.shape[0])
-    b = _weight(b, recipe, rounding, shared_weight)
     return _gemm("dgrad", recipe, 1, grad, MKNE, grad, b, offs, rounding=rounding, param=param,
-                 decomposing=decomposing)
+                 shared_weight=shared_weight, decomposing=decomposing)
 
 
 def _wgrad(grad, a, offs, recipe, rounding, *, decomposing=False):
@@ -310,7 +317,7 @@ def grouped_mm(
     token groups may have any size (0 and non-multiples of 32 included). As with
     `torch._grouped_mm`, output rows past offs[-1] are unspecified.
     """
-    check_grouped_mm_args(a, b, offs, recipe, rounding, wgrad)
+    check_grouped_mm_args(a, b, offs, recipe, rounding, wgrad, weight_cache, autotune)
     plan = plan_for(recipe, wgrad, M=a.shape[0], K=b.shape[-2], N=b.shape[-1], E=b.shape[0], dense=False,
                     device=a.device, autotune=autotune, rounding=rounding, cached=weight_cache)
     return grouped_mm_op(a, b, offs, *plan.op_args(), rounding, parameter_of(b) if weight_cache else None)
@@ -330,8 +337,8 @@ def linear(
     """FP8 drop-in for `F.linear(x[..., K], w[N, K], bias)` -> [..., N] in x's dtype: forward,
     input-gradient and weight-gradient GEMMs in the recipe, each quantized along its own
     contraction (K, N, and the tokens); the other options as for `grouped_mm`."""
-    check_linear_args(x, w, bias, recipe, rounding, wgrad)
-    plan = plan_for(recipe, wgrad, M=x.numel() // x.shape[-1], K=w.shape[1], N=w.shape[0], E=1, dense=True,
+    check_linear_args(x, w, bias, recipe, rounding, wgrad, weight_cache, autotune)
+    plan = plan_for(recipe, wgrad, M=math.prod(x.shape[:-1]), K=w.shape[1], N=w.shape[0], E=1, dense=True,
                     device=x.device, autotune=autotune, rounding=rounding, cached=weight_cache)
     return linear_body(x, w, bias, *plan.op_args(), rounding, parameter_of(w) if weight_cache else None)
 
@@ -339,6 +346,7 @@ def linear(
 def linear_body(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, forward: str, dgrad: str, wgrad: str,
                 rounding: str, param: torch.Tensor | None) -> torch.Tensor:
     """`linear` without the argument checks, one recipe per GEMM: what the pass puts in a graph."""
-    out = linear_op(x.reshape(-1, x.shape[-1]), w, forward, dgrad, wgrad, rounding, param)
+    # rows counted, not inferred (-1): an empty K leaves no elements to infer them from
+    out = linear_op(x.reshape(math.prod(x.shape[:-1]), x.shape[-1]), w, forward, dgrad, wgrad, rounding, param)
     out = out.reshape(*x.shape[:-1], w.shape[0])
     return out if bias is None else out + bias

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 
 import torch
 import torch.fx
@@ -69,9 +70,8 @@ def plan(site: Site, config: MXFP8Config) -> Plan:
     """The recipe of each of the site's GEMMs (lowering/auto.py)."""
     a, b = _val(site.a), _val(site.b)
     if site.dense:
-        N, K = b.shape
-        rows = _static(a.numel())
-        M, E = (None if rows is None else rows // K), 1
+        (N, K), E = b.shape, 1
+        M = _static(math.prod(a.shape[:-1]))  # the rows, counted: an empty K leaves none to divide
     else:
         (E, K, N), M = b.shape, _static(a.shape[0])
     return plan_for(config.recipe, config.wgrad, M=M, K=K, N=N, E=E, dense=site.dense, device=b.device,

@@ -59,6 +59,17 @@ def test_each_role_takes_fp8_only_where_it_is_faster_by_the_margin(table):
     assert "mxfp8" not in auto.plan_for("auto", "quantized", M=256, K=48, N=128, E=8, dense=False).reasons[0]
 
 
+@pytest.mark.parametrize("dense", [False, True])
+@pytest.mark.parametrize("K, N", [(0, 128), (64, 0)])
+def test_an_empty_k_or_n_is_bf16_with_nothing_to_multiply(timed, K, N, dense):
+    """The cost model has no size 0 to look up and timing an empty GEMM would time nothing: an
+    empty K or N keeps bf16 (the op returns zeros, lowering/ops.py), timed or not."""
+    timed([])  # nothing may be timed
+    for autotune in (False, True):
+        plan = auto.plan_for("auto", "quantized", M=64, K=K, N=N, E=4, dense=dense, device=CPU, autotune=autotune)
+        assert plan == auto.Plan(("bf16",) * 3, ("K or N is 0: nothing to multiply",) * 3)
+
+
 def test_fixed_recipes_ignore_the_table(table):
     table(9.0, 9.0, 9.0)
     plan = auto.plan_for("mxfp8", "quantized", M=4, K=64, N=128, E=8, dense=False)
@@ -246,6 +257,25 @@ def test_measured_times_are_kept_on_disk_per_gemm_and_weight_cache(timed, tmp_pa
     measure._times = None
     bench = timed([1.0, 2.0] * 3)
     assert auto.plan_for("auto", "quantized", **kw).recipes == ("bf16",) * 3 and len(bench.shapes) == 6
+
+
+def test_times_on_disk_that_are_not_finite_positive_numbers_are_timed_again(timed, tmp_path):
+    """An entry of NaN, infinity, zero, a negative time, true or a string (an edited or damaged
+    file) never answers for a GEMM: each is timed again, and the new time replaces it on disk."""
+    from mxfp8_inductor.lowering import measure
+
+    timed([1.0, 0.5] * 3)
+    kw = dict(M=64, K=64, N=128, E=4, dense=False, device=CPU, autotune=True)
+    auto.plan_for("auto", "quantized", **kw)
+    path = tmp_path / "gemm_times.json"
+    keys = sorted(json.loads(path.read_text()))
+    bad = [float("nan"), float("inf"), 0, -0.5, True, "0.5"]
+    assert len(keys) == len(bad)
+    path.write_text(json.dumps(dict(zip(keys, bad))))
+    measure._times = None
+    bench = timed([1.0, 2.0] * 3)
+    assert auto.plan_for("auto", "quantized", **kw).recipes == ("bf16",) * 3 and len(bench.shapes) == 6
+    assert sorted(json.loads(path.read_text()).values()) == [1.0] * 3 + [2.0] * 3
 
 
 def test_autotune_reports_times_in_explain_and_defers_a_dynamic_token_count(timed):

@@ -2,9 +2,11 @@
 
 
 import functools
+import re
 
 import pytest
 import torch
+import torch.nn.functional as F
 from helpers import assert_bitwise_equal, assert_sqnr_near, equalize_columns, make_offs, pow2_scales
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -14,6 +16,7 @@ from mxfp8_inductor.kernels import reference, rowwise, triton_mx
 from mxfp8_inductor.lowering import mxfp8 as mx_lowering
 from mxfp8_inductor.lowering import ops as gm
 from mxfp8_inductor.lowering import rowwise as rw_lowering
+from mxfp8_inductor.options import MXFP8Config
 from mxfp8_inductor.registry import Route
 
 # uneven groups: empty ones, sizes that are not multiples of 32, and rows past offs[-1]
@@ -475,3 +478,106 @@ def test_mxfp8_fused_option_reaches_each_grouped_gemm(monkeypatch):
     assert asked == [True] * 3 + [False] * 3
     for x, y in zip(*outs):
         assert_bitwise_equal(x, y)
+
+
+@pytest.mark.parametrize("flag, value", [("weight_cache", "False"), ("weight_cache", 1), ("autotune", "False"),
+                                         ("autotune", None)])
+def test_eager_flags_take_only_bools_as_the_config_does(flag, value):
+    """weight_cache="False" is truthy: accepted, it would turn reuse on. Each eager op refuses a
+    non-bool flag with `MXFP8Config`'s own message."""
+    message = re.escape(f"{flag} must be True or False, got {value!r}")
+    with pytest.raises(ValueError, match=message):
+        MXFP8Config(**{flag: value})
+    a, w, b_of, offs, _ = _problem(4, K=64, N=64)
+    with pytest.raises(ValueError, match=message):
+        mx.grouped_mm(a, b_of(w), offs, **{flag: value})
+    with pytest.raises(ValueError, match=message):
+        mx.linear(a, w[0], **{flag: value})
+
+
+# (K, N) with one of them empty; E = 4 token groups of _EMPTY_SIZES (an empty one among them)
+_EMPTY = [(0, 64), (64, 0)]
+_EMPTY_SIZES = [10, 0, 25, 5]
+
+
+def _empty_operands(K: int, N: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens a[40, K] and a weight w[4, N, K] (used transposed), an empty dimension's strides
+    padded to 16 bytes: torch._grouped_mm's checks refuse the default stride of 1 element there
+    (and Dynamo's trace runs them), so torch computes an empty K only on these."""
+    g = torch.Generator().manual_seed(0)
+    M, E = sum(_EMPTY_SIZES), len(_EMPTY_SIZES)
+    a = torch.randn(M, K, generator=g).bfloat16() if K else torch.empty_strided((M, 0), (16, 1), dtype=torch.bfloat16)
+    w = (torch.randn(E, N, K, generator=g).bfloat16() if K else
+         torch.empty_strided((E, N, 0), (16 * N, 16, 1), dtype=torch.bfloat16))
+    return a, w
+
+
+def _assert_torchs_empty_result(K: int, N: int, out: torch.Tensor, da: torch.Tensor, dw: torch.Tensor) -> None:
+    """torch._grouped_mm's forward on the same operands (zeros for an empty K, empty for an empty
+    N), and the gradients it implies: zeros, or empty (torch's own backward refuses an empty N)."""
+    a, w = _empty_operands(K, N)
+    assert_bitwise_equal(out, torch._grouped_mm(a, w.transpose(-2, -1), make_offs(_EMPTY_SIZES)))
+    assert_bitwise_equal(da, torch.zeros_like(a))
+    assert_bitwise_equal(dw, torch.zeros_like(w))
+
+
+@pytest.mark.parametrize("K, N", _EMPTY)
+@pytest.mark.parametrize("recipe", ["mxfp8", "fp8_rowwise", "fp8_blockwise", "auto"])
+def test_an_empty_k_or_n_gives_torchs_result(recipe, K, N):
+    """An empty K or N has nothing to multiply: the eager ops return torch's result (zeros, or
+    empty), forward and both gradients, where the quantizers refused the empty dimension's
+    strides; the tokens here have the default strides, which torch._grouped_mm refuses too."""
+    a, w = _empty_operands(K, N)
+    a = a.contiguous().requires_grad_()
+    w = torch.nn.Parameter(w.contiguous())
+    offs = make_offs(_EMPTY_SIZES)
+    out = mx.grouped_mm(a, w.transpose(-2, -1), offs, recipe=recipe)
+    _assert_torchs_empty_result(K, N, out, *torch.autograd.grad(out, [a, w], torch.randn_like(out)))
+    if recipe in ("mxfp8", "fp8_rowwise"):  # fsdp_fp8_all_gather's weight, rounded once for both its GEMMs
+        out = torch.ops.mxfp8.grouped_mm(a, w.transpose(-2, -1), offs, recipe, recipe, recipe, "rceil", None, True)
+        _assert_torchs_empty_result(K, N, out, *torch.autograd.grad(out, [a, w], torch.randn_like(out)))
+    out = mx.linear(a, w[0], recipe=recipe)
+    assert_bitwise_equal(out, torch.zeros(a.shape[0], N, dtype=torch.bfloat16))
+    da, dw = torch.autograd.grad(out, [a, w], torch.randn_like(out))
+    assert_bitwise_equal(da, torch.zeros_like(a))
+    assert_bitwise_equal(dw, torch.zeros_like(w))
+
+
+class _EmptySite(torch.nn.Module):
+    """A grouped matmul on the weight w[4, N, K] of `_empty_operands`, or a linear on w[N, K]."""
+
+    def __init__(self, K: int, N: int, dense: bool) -> None:
+        super().__init__()
+        self.dense = dense
+        self.w = torch.nn.Parameter(torch.ones(N, K, dtype=torch.bfloat16) if dense else _empty_operands(K, N)[1])
+
+    def forward(self, a: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+        return F.linear(a, self.w) if self.dense else torch._grouped_mm(a, self.w.transpose(-2, -1), offs=offs)
+
+
+@pytest.mark.parametrize("dense", [False, True])
+@pytest.mark.parametrize("K, N", _EMPTY)
+@pytest.mark.parametrize("recipe", ["mxfp8", "fp8_rowwise", "fp8_blockwise"])
+def test_an_empty_k_or_n_under_the_pass_gives_torchs_result(recipe, K, N, dense):
+    """The pass rewrites the site into the op, whose decomposition (what Inductor compiles, run
+    here without its code generation) computes torch's result, forward and both gradients."""
+    from mxfp8_inductor.patterns.rewrite import rewrite
+
+    rows = []
+
+    def backend(graph: torch.fx.GraphModule, example_inputs: list) -> object:
+        rows.extend(rewrite(graph, MXFP8Config(recipe=recipe, targets="all", dense_min_dim=0)))
+        return torch._dynamo.lookup_backend("aot_eager_decomp_partition")(graph, example_inputs)
+
+    model = _EmptySite(K, N, dense)
+    a = _empty_operands(K, N)[0].requires_grad_()
+    torch._dynamo.reset()
+    out = torch.compile(model, backend=backend)(a, make_offs(_EMPTY_SIZES))
+    assert [(r.action, r.recipe) for r in rows] == [("rewritten", recipe)] * 3
+    da, dw = torch.autograd.grad(out, [a, model.w], torch.randn_like(out))
+    if dense:
+        for got in (out, da, dw):
+            assert_bitwise_equal(got, torch.zeros_like(got))
+        assert out.shape == (a.shape[0], N)
+    else:
+        _assert_torchs_empty_result(K, N, out, da, dw)
