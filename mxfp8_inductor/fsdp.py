@@ -10,11 +10,12 @@ one expert, so a shard along experts quantizes exactly as the whole weight; the 
 rounding of the gathered weight then changes nothing (it is idempotent), and a sharded run
 computes as the unsharded one. Between microbatches a rank holds its shard and the shard's FP8
 form, quantized once per optimizer step: any write through the parameter (the optimizer's, a
-`copy_`, `load_state_dict`) drops it. FSDP2 frees the gathered FP8 buffers and the unsharded
-parameter as it does bf16's.
+`copy_`, `load_state_dict`) or into a tensor its state dicts handed out (in place, as
+torch.distributed.checkpoint's load) drops it. FSDP2 frees the gathered FP8 buffers and the
+unsharded parameter as it does bf16's.
 
-Everything else (the optimizer, state dicts, a compile without FSDP2) sees the wrapped tensor's
-data through `__torch_dispatch__`.
+Everything else (the optimizer, a compile without FSDP2) sees the wrapped tensor's data through
+`__torch_dispatch__`; state dicts hold it as plain tensors over the same data.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from .kernels import shared_weight
+from .lowering import weights
 
 aten = torch.ops.aten
 # ops that make a tensor standing for the same weight (FSDP2's sharding, copies, state dicts):
@@ -55,7 +57,8 @@ class FP8AllGatherWeight(torch.Tensor):
         self._tensor = tensor
         self.recipe = recipe
         self.rounding = rounding
-        self._fp8: tuple[tuple, tuple[torch.Tensor, ...]] | None = None  # ((writes, dtype), all-gather inputs)
+        # ((writes, dtype, the module's state-dict aliases' state), all-gather inputs)
+        self._fp8: tuple[tuple, tuple[torch.Tensor, ...]] | None = None
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
@@ -103,9 +106,11 @@ class FP8AllGatherWeight(torch.Tensor):
             # FSDP2 copies a one-rank group's first all-gather input only: send the rounded weight
             return (shared_weight.quantize_dequantize(self._tensor.to(dtype), self.recipe, self.rounding),), None
         # quantized once per update of the shard: every microbatch's gathers reuse it until a
-        # write through the parameter (the optimizer's step) drops it
-        if self._fp8 is None or self._fp8[0] != (_writes, dtype):
-            self._fp8 = ((_writes, dtype), shared_weight.quantize(self._tensor.to(dtype), self.recipe, self.rounding))
+        # write through the parameter (the optimizer's step) or into one of the plain tensors
+        # `module`'s state dicts handed out for it (`plain_state_dict`) drops it
+        stamp = (_writes, dtype, weights.state_dict_aliases(module).state())
+        if self._fp8 is None or self._fp8[0] != stamp:
+            self._fp8 = (stamp, shared_weight.quantize(self._tensor.to(dtype), self.recipe, self.rounding))
         return self._fp8[1], None
 
     def fsdp_post_all_gather(self, outputs: tuple[torch.Tensor, ...], metadata: None, param_dtype: torch.dtype,
@@ -138,7 +143,9 @@ def dequantize(data: torch.Tensor, scales: torch.Tensor, recipe: str, dtype: tor
 def plain_state_dict(module: torch.nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:
     """A `state_dict` post-hook: the module's FP8AllGatherWeight values as plain tensors (also
     inside FSDP2's DTensors), so that checkpoints hold values alone and load anywhere, `torch.load`'s
-    `weights_only` included; loading into a wrapped parameter copies into it."""
+    `weights_only` included; loading into a wrapped parameter copies into it. Writes into these
+    tensors reach the shard's data below every `__torch_dispatch__`, so `module` records them
+    (`weights.StateDictAliases`) for `fsdp_pre_all_gather` to see."""
     for key, value in state_dict.items():
         if isinstance(value, FP8AllGatherWeight):
             state_dict[key] = value._tensor
@@ -147,6 +154,7 @@ def plain_state_dict(module: torch.nn.Module, state_dict: dict[str, Any], prefix
 
             state_dict[key] = DTensor.from_local(value._local_tensor._tensor, value.device_mesh, value.placements,
                                                  run_check=False, shape=value.shape, stride=value.stride())
+    weights.record_state_dict(module, state_dict, prefix, local_metadata)
 
 
 def wrap(param: torch.nn.Parameter, recipe: str, rounding: str) -> torch.nn.Parameter:

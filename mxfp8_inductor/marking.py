@@ -12,6 +12,7 @@ from . import fsdp, marks
 from ._warn import warn
 from .backend import install_marked_model_pass
 from .kernels.shared_weight import TILE
+from .lowering import weights as weight_cache
 from .options import MXFP8Config
 
 M = TypeVar("M", bound=torch.nn.Module)
@@ -106,6 +107,10 @@ def _mark(model: M, config: MXFP8Config) -> M:
     for module, fqn, filtered, cls in plans:
         _set_all_gather(module, fqn, config, cls._mxfp8_kept_bf16)
         marks.mark(module, fqn, config, filtered)
+        if config.weight_cache:
+            # every state dict the module hands out from now on is watched, also one taken before
+            # the first forward (a checkpoint loaded into it in place: docs/design.md, "Weight cache")
+            weight_cache.watch_state_dicts(module)
         module.__class__ = cls
         if _warn_if_eager not in module._forward_pre_hooks.values():
             module.register_forward_pre_hook(_warn_if_eager)

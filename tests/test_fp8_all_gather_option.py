@@ -177,15 +177,20 @@ class _Mesh:
 
 
 def test_a_shard_is_quantized_once_per_update():
-    """The all-gather inputs of a shard are reused until a write through the parameter (an
-    optimizer step, a copy, a state dict load) changes it, then made anew from the new values."""
+    """The all-gather inputs of a shard are reused until a write changes it, then made anew from
+    the new values: a write through the parameter (an optimizer step, a copy, a state dict load),
+    or into a tensor the module's state dicts handed out (a fresh one, or one taken before the
+    first all-gather and held), which reaches the data below every `__torch_dispatch__`."""
     p = fsdp.wrap(torch.nn.Parameter(torch.randn(2, 64, 64).bfloat16()), "mxfp8", "rceil")
     shard = p.data
-    gather = lambda: shard.fsdp_pre_all_gather(_Mesh(2), torch.Size((4, 64, 64)), (), None, None)[0]
     module = torch.nn.Module()
     module.w = p
+    module.register_state_dict_post_hook(fsdp.plain_state_dict)  # as marking does
+    gather = lambda: shard.fsdp_pre_all_gather(_Mesh(2), torch.Size((4, 64, 64)), (), module, None)[0]
+    held = module.state_dict()
     writes = [lambda: torch.optim.AdamW([p], lr=0.1).step(), lambda: p.copy_(torch.randn(2, 64, 64)),
-              lambda: module.load_state_dict({"w": torch.randn(2, 64, 64).bfloat16()})]
+              lambda: module.load_state_dict({"w": torch.randn(2, 64, 64).bfloat16()}),
+              lambda: module.state_dict()["w"].mul_(-1), lambda: held["w"].add_(1)]
     p.grad = torch.randn(2, 64, 64).bfloat16()
     for write in writes:
         first = gather()

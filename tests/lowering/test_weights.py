@@ -12,6 +12,7 @@ import math
 import threading
 import warnings
 
+import numpy
 import pytest
 import torch
 from helpers import assert_bitwise_equal, make_offs
@@ -354,3 +355,161 @@ def test_the_emulation_rounds_the_weight_slice_by_slice(monkeypatch):
         assert all(2 * math.prod(shape) <= budget for shape in rounded)
         for a, b in zip(got, want):
             assert_bitwise_equal(a, b)
+
+
+@pytest.mark.parametrize("route", ["eager", "pass"])
+def test_a_new_storage_at_the_old_address_is_quantized_anew(route):
+    """Two `.data` swaps with no GEMM between, the second to a new storage at the address of the
+    one the quantization was made from (`torch.from_numpy` over one buffer makes a new storage
+    there each time): the version counter and the data pointer are those of the entry, the
+    storage is not, and the GEMM computes with the new values."""
+    model, (x, offs) = Experts("fp8_rowwise", "transposed", pass_route=route == "pass"), _inputs()
+    run = model if route == "eager" else torch.compile(model, backend="mxfp8",
+                                                       options={"recipe": "fp8_rowwise", "weight_cache": True})
+    buffer = numpy.empty(E * N * K, dtype=numpy.uint16)
+
+    def at_buffer(values: torch.Tensor) -> torch.Tensor:
+        buffer[:] = values.detach().view(torch.uint16).flatten().numpy()
+        return torch.from_numpy(buffer).view(torch.bfloat16).view(values.shape)
+
+    model.w.data = at_buffer(model.w)
+    before = _step(run, model.w, x, offs)
+    made_under = (model.w._version, model.w.data_ptr())
+    model.w.data = _weight("transposed", seed=5).detach()
+    model.w.data = at_buffer(_weight("transposed", seed=6))
+    assert (model.w._version, model.w.data_ptr()) == made_under
+    got = _step(run, model.w, x, offs)
+    assert not torch.equal(got[0], before[0])
+    for a, b in zip(got, _fresh(model, x, offs)):
+        assert_bitwise_equal(a, b)
+
+
+@pytest.fixture
+def one_rank(tmp_path):
+    """A one-rank gloo process group (FSDP2 still shards, and all-gathers by copying)."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield tmp_path
+    dist.destroy_process_group()
+
+
+def _sharded_experts():
+    """An Experts block (the eager op with the cache, transposed weight) sharded by FSDP2 under a
+    sharded root, so that it reshards after each forward and writes between forwards reach its
+    sharded parameter."""
+    from torch.distributed.fsdp import fully_shard
+
+    root = torch.nn.Module()
+    root.experts = fully_shard(Experts("fp8_rowwise", "transposed", pass_route=False))
+    root.forward = lambda x, offs: root.experts(x, offs)
+    return fully_shard(root)
+
+
+FSDP2_ROUTES = ["state_dict", "dcp_load", "dcp_load_held", "load_state_dict", "copy_"]
+
+
+@pytest.mark.parametrize("route", FSDP2_ROUTES)
+def test_fsdp2_writes_into_the_sharded_weight_are_seen_by_every_route(one_rank, quantizations, route):
+    """FSDP2 gathers the unsharded weight into one storage (resized to nothing between forwards)
+    with its version counter preserved, so the cache follows the sharded weight FSDP2 keeps for
+    it: each write into that between two forwards, with no optimizer step, is seen by the second,
+    whatever its route (in place into a state dict's tensor, a checkpoint loaded in place into a
+    fresh state dict or into one held across loads, `load_state_dict`, `copy_`); forwards
+    without a write reuse the quantization."""
+    import torch.distributed.checkpoint as dcp
+
+    model, (x, offs) = _sharded_experts(), _inputs()
+    forward = torch.no_grad()(lambda: model(x, offs))
+    quantized_by_forward = [len(quantizations)]
+    for _ in range(3):
+        forward()
+        quantized_by_forward.append(len(quantizations))
+    assert numpy.diff(quantized_by_forward).tolist() == [1, 0, 0]
+    expected, checkpoints = {}, {1: str(one_rank / "plus"), -1: str(one_rank / "minus")}
+    for sign in (1, -1):
+        dcp.save(model.state_dict(), checkpoint_id=checkpoints[sign])
+        expected[sign] = forward()
+        with torch.no_grad():
+            model.experts.w.mul_(-1)
+        weights.clear_weight_cache()
+    assert not torch.equal(expected[1], expected[-1])
+    plus = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    states = {1: plus, -1: {k: -v for k, v in plus.items()}}
+    held = {}
+
+    @torch.no_grad()
+    def write(sign: int) -> None:
+        if route == "state_dict":
+            model.state_dict()["experts.w"].mul_(-1)
+        elif route == "dcp_load":
+            dcp.load(model.state_dict(), checkpoint_id=checkpoints[sign])
+        elif route == "dcp_load_held":  # a state dict taken after the first forward, loaded into again
+            dcp.load(held.setdefault("state", model.state_dict()), checkpoint_id=checkpoints[sign])
+        elif route == "load_state_dict":
+            model.load_state_dict(states[sign])
+        else:
+            model.experts.w.copy_(states[sign]["experts.w"])
+
+    forward()
+    for sign in (-1, 1, -1, 1):
+        write(sign)
+        assert_bitwise_equal(forward(), expected[sign])
+
+
+
+def test_a_marked_model_sees_a_load_into_a_state_dict_taken_before_its_first_forward(one_rank, quantizations):
+    """Marking with weight_cache watches the expert module's state dicts from then on, so a
+    checkpoint loaded in place into one taken before any forward (when the cache had not yet met
+    the parameter) is seen by the next forward."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.fsdp import fully_shard
+
+    experts = Experts("fp8_rowwise", "transposed", pass_route=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the marked module runs eagerly here: the eager op's cache is the subject
+        mx.mxfp8(experts, recipe="fp8_rowwise", weight_cache=True)
+        root = torch.nn.Module()
+        root.experts = fully_shard(experts)
+        root.forward = lambda x, offs: root.experts(x, offs)
+        model = fully_shard(root)
+        held = model.state_dict()
+        checkpoint = str(one_rank / "checkpoint")
+        dcp.save(held, checkpoint_id=checkpoint)
+        x, offs = _inputs()
+        forward = torch.no_grad()(lambda: model(x, offs))
+        saved = forward()
+        with torch.no_grad():
+            model.experts.w.mul_(-1)
+        assert not torch.equal(forward(), saved)
+        dcp.load(held, checkpoint_id=checkpoint)
+        assert_bitwise_equal(forward(), saved)
+
+def test_fsdp2_unsharded_parameters_are_found_behind_their_sharded_ones(one_rank):
+    """The FSDP2 internals the cache reads (torch 2.11 to 2.13) are where it looks: each unsharded
+    parameter leads to its FSDPParam, and a parameter FSDP2 does not manage to none."""
+    model, (x, offs) = _sharded_experts(), _inputs()
+    model(x, offs)  # the first all-gather makes the unsharded parameters
+    (fsdp_param,) = model.experts._get_fsdp_state()._fsdp_param_group.fsdp_params
+    assert weights._fsdp_param_of(fsdp_param._unsharded_param) is fsdp_param
+    assert weights._fsdp_param_of(_weight("transposed")) is None
+
+
+def test_without_the_fsdp2_internals_nothing_is_reused_and_it_warns_once(monkeypatch, quantizations):
+    """Where FSDP2 is in use and its internals are not found (another torch), the cache cannot
+    tell an unsharded parameter from a plain one: it quantizes at every GEMM and says so once."""
+    monkeypatch.setattr(weights, "_fsdp_param_of", lambda param: weights._UNKNOWN)
+    monkeypatch.setattr(weights, "_warned_unknown", False)
+    model, (x, offs) = Experts("fp8_rowwise", "transposed", pass_route=False), _inputs()
+    with pytest.warns(UserWarning, match="does not reuse weights under FSDP2"):
+        first = _step(model, model.w, x, offs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        second = _step(model, model.w, x, offs)
+    assert len(quantizations) == 4  # forward and input gradient, twice
+    for a, b, want in zip(first, second, _fresh(model, x, offs)):
+        assert_bitwise_equal(a, want)
+        assert_bitwise_equal(b, want)
+    assert weights.cached_bytes() == 0
