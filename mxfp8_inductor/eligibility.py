@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.fx.experimental.symbolic_shapes import guard_int
 
 from .options import check_choice, check_flag
 
@@ -14,6 +15,14 @@ from .options import check_choice, check_flag
 MULTIPLE_OF = {"mxfp8": 32, "fp8_rowwise": 16, "fp8_blockwise": 16, "auto": 16}
 _WHY = {"mxfp8": "MXFP8 blocks", "fp8_rowwise": "16-byte aligned FP8 rows", "fp8_blockwise": "16-byte aligned FP8 rows",
         "auto": "FP8 rows"}
+
+
+def static_dim(n: int | torch.SymInt) -> int:
+    """A weight's K or N as an int. Dynamo makes a dim symbolic once a function is called again at
+    another size (automatic dynamic shapes); the recipes' blocks, kernels and plans need it known,
+    so the graph is specialized to it (a guard: another size compiles its own graph) rather than
+    left in bf16."""
+    return guard_int(n) if isinstance(n, torch.SymInt) else n
 
 
 def _operand_problem(a: Any, b: Any, recipe: str) -> str | None:
@@ -26,9 +35,7 @@ def _operand_problem(a: Any, b: Any, recipe: str) -> str | None:
         return f"a and b must share a dtype, got {a.dtype} and {b.dtype}"
     if a.dim() != 2 or b.dim() != 3:
         return f"need tokens a[M, K] and weights b[E, K, N], got {a.dim()}-D x {b.dim()}-D"
-    K, N = b.shape[-2:]
-    if isinstance(K, torch.SymInt) or isinstance(N, torch.SymInt):
-        return "symbolic K or N"
+    K, N = (static_dim(n) for n in b.shape[-2:])
     multiple = MULTIPLE_OF[recipe]
     if K % multiple or N % multiple:
         return f"K={K} and N={N} must be multiples of {multiple} for {_WHY[recipe]}"
@@ -70,9 +77,7 @@ def dense_problem(x: Any, w: Any, bias: Any, recipe: str, min_dim: int) -> str |
         return f"x and weight must share a dtype, got {x.dtype} and {w.dtype}"
     if isinstance(bias, torch.Tensor) and bias.dtype != w.dtype:
         return f"bias must have the weight's dtype {w.dtype}, got {bias.dtype}"
-    N, K = w.shape
-    if isinstance(K, torch.SymInt) or isinstance(N, torch.SymInt):
-        return "symbolic K or N"
+    N, K = (static_dim(n) for n in w.shape)
     multiple = MULTIPLE_OF[recipe]
     if K % multiple or N % multiple:
         return f"K={K} and N={N} must be multiples of {multiple} for {_WHY[recipe]}"

@@ -33,6 +33,7 @@ from torch.fx.experimental.symbolic_shapes import is_concrete_int
 from .._warn import warn
 from ..lowering.auto import ROLES, Plan, plan_for
 from ..lowering.ops import linear_body, register_decompositions
+from ..eligibility import static_dim
 from ..options import MXFP8Config
 from .sites import Site, _val, find_sites
 
@@ -70,10 +71,11 @@ def plan(site: Site, config: MXFP8Config) -> Plan:
     """The recipe of each of the site's GEMMs (lowering/auto.py)."""
     a, b = _val(site.a), _val(site.b)
     if site.dense:
-        (N, K), E = b.shape, 1
+        (N, K), E = (static_dim(n) for n in b.shape), 1
         M = _static(math.prod(a.shape[:-1]))  # the rows, counted: an empty K leaves none to divide
     else:
-        (E, K, N), M = b.shape, _static(a.shape[0])
+        E, K, N = (static_dim(n) for n in b.shape)
+        M = _static(a.shape[0])
     return plan_for(config.recipe, config.wgrad, M=M, K=K, N=N, E=E, dense=site.dense, device=b.device,
                     autotune=config.autotune, rounding=config.rounding, cached=config.weight_cache,
                     mxfp8_fused=config.mxfp8_fused)

@@ -15,8 +15,8 @@ BF16_ULP = 2.0**-7
 SIZES = [130, 0, 1, 300, 128, 7]  # a group past one tile, an empty one, a whole tile, short ones
 
 
-def _dequantized(data: torch.Tensor, scales: torch.Tensor, dim: int) -> torch.Tensor:
-    return blockwise.dequantize_tiles(data, scales, dim).bfloat16()
+def _dequantized(data: torch.Tensor, scales: torch.Tensor, *dims: int) -> torch.Tensor:
+    return blockwise.dequantize_tiles(data, scales, *dims, dtype=torch.bfloat16)
 
 
 @pytest.mark.parametrize("rounding", contract.ROUNDINGS)
@@ -34,7 +34,7 @@ def test_weight_blocks_match_contract_in_both_orientations(rounding):
     data_ENK, data_EKN, scales = blockwise.quantize_weight(b_EKN, rounding)
     assert data_ENK.is_contiguous() and data_EKN.is_contiguous() and scales.shape == (3, 3, 2)
     assert torch.equal(data_ENK.transpose(-2, -1).view(torch.uint8), data_EKN.view(torch.uint8))
-    b_q = _dequantized(data_EKN, scales.repeat_interleave(128, 1)[:, :300], 2)
+    b_q = _dequantized(data_EKN, scales, 1, 2)
     for dim in (1, 2):
         assert_bitwise_equal(b_q, contract.round_weight(b_EKN, dim, "fp8_blockwise", rounding))
 
@@ -109,8 +109,7 @@ def test_2d3d_matches_emulation(dgrad):
     a, sa = blockwise.quantize_tiles(_tokens(sum(sizes) + 3, C, g), -1)
     args = [t.to(DEVICE) for t in (a, b, sa, sb, offs)]
     out = triton_fp8_gemm.blockwise_grouped_mm(*args)
-    b_deq = blockwise.dequantize_tiles(b.float(), sb.repeat_interleave(128, 1)[:, : b.shape[1]], 2)
-    _within_sum_error(out, blockwise.dequantize_tiles(a, sa, 1), b_deq, offs)
+    _within_sum_error(out, blockwise.dequantize_tiles(a, sa, 1), blockwise.dequantize_tiles(b, sb, 1, 2), offs)
 
 
 def test_2d2d_matches_emulation():
