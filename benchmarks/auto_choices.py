@@ -39,10 +39,10 @@ def main() -> None:
                 plan = auto.plan_for("auto", "quantized", M=M, K=K, N=N, E=E, dense=False, device=device,
                                      autotune=True, cached=cached)
                 seconds = time.perf_counter() - start
-                print(f"{model} weight_cache={cached} K={K} N={N}: {plan.recipes} ({seconds:.1f} s)", flush=True)
+                print(f"{model} weight_cache={cached} K={K} N={N}: {plan.impls} ({seconds:.1f} s)", flush=True)
                 for reason in plan.reasons:
                     print("   ", reason)
-                rows.append(dict(model=model, E=E, M=M, K=K, N=N, cached=cached, recipes=plan.recipes,
+                rows.append(dict(model=model, E=E, M=M, K=K, N=N, cached=cached, recipes=plan.impls,
                                  reasons=plan.reasons, seconds=seconds))
     meta = dict(gpu=torch.cuda.get_device_name(device), torch=torch.__version__, date=time.strftime("%Y-%m-%d"))
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -164,7 +164,7 @@ def _torchao(model: torch.nn.Module, dense: bool) -> int:
     config = MXFP8Config()
 
     def linears(module: torch.nn.Module, fqn: str) -> bool:
-        return (isinstance(module, torch.nn.Linear) and config.decide(fqn, f"{fqn}.weight", dense=True)[0]
+        return (isinstance(module, torch.nn.Linear) and config.matches(fqn, f"{fqn}.weight", dense=True)[0]
                 and min(module.in_features, module.out_features) >= config.dense_min_dim
                 and module.in_features % 16 == 0 and module.out_features % 16 == 0)
 

@@ -115,7 +115,7 @@ def gemm_rates(experts: int, rows: int, K: int, N: int, autotune: bool) -> list[
     (x_MK @ w_EKN) and the input gradient (grad_MN @ w_ENK, the forward with K and N swapped) are
     M-grouped 2d-3d GEMMs; the weight gradient (grad_NM @ x_MK per group) is K-grouped 2d-2d."""
     from mxfp8_inductor.kernels import triton_fp8_gemm
-    from mxfp8_inductor.kernels.blockwise import TILE, tiles
+    from mxfp8_inductor.kernels.blockwise import SCALE_TILE, tiles
 
     M = experts * rows
     offs = torch.arange(1, experts + 1, device="cuda", dtype=torch.int32) * rows
@@ -142,8 +142,8 @@ def gemm_rates(experts: int, rows: int, K: int, N: int, autotune: bool) -> list[
     kernels = {"bf16": partial(torch._grouped_mm, grad_NM, x_MK, offs=offs),
                "fp8_torch": partial(scaled, *args[:4], offs=offs),
                "fp8_ours": partial(triton_fp8_gemm.scaled_grouped_mm, *args),
-               "fp8_blockwise": partial(triton_fp8_gemm.blockwise_grouped_mm, *args[:2], p2(M // TILE, N),
-                                        p2(M // TILE, K), offs)}
+               "fp8_blockwise": partial(triton_fp8_gemm.blockwise_grouped_mm, *args[:2], p2(M // SCALE_TILE, N),
+                                        p2(M // SCALE_TILE, K), offs)}
     out.append(("wgrad", K, N, kernels, partial(_template, *args)))
     rows_out = []
     for role, k, n, kernels, template in out:

@@ -12,7 +12,7 @@ this order and then timed side by side as `bench_moe_block.interleaved` does:
   fp8_autotune   backend=mxfp8_backend, recipe fp8_rowwise, same patches, compiled with the
                  "template route": the grouped GEMMs emitted as
                  `aten._scaled_grouped_mm` at every group size instead of our opaque Triton GEMM
-                 (`registry.TORCH_FP8_MIN_TOKENS_PER_GROUP` and `TORCH_FP8_MIN_DIM` 0 while
+                 (`routes.TORCH_FP8_MIN_TOKENS_PER_GROUP` and `TORCH_FP8_MIN_DIM` 0 while
                  Inductor decomposes the block), so that max-autotune sees and tunes them
   fp8_default    backend=mxfp8_backend, recipe fp8_rowwise, no patches
   bf16_default   torch.compile, no patches
@@ -42,7 +42,7 @@ import triton
 from bench_moe_block import fwd_bwd, interleaved
 from shapes import SHAPES, TOKENS, block_and_inputs, require_gpu
 
-from mxfp8_inductor import mxfp8_backend, registry  # also where the package is on PYTHONPATH, not installed
+from mxfp8_inductor import mxfp8_backend, routes  # also where the package is on PYTHONPATH, not installed
 from mxfp8_inductor.check import sqnr
 
 # Inductor config patches of the autotuned variants: GEMM templates against ATen (no CUTLASS or
@@ -59,13 +59,13 @@ def log(msg: str) -> None:
 def template_route(on: bool):
     """While on, fp8_rowwise's 2d-3d GEMMs decompose to `aten._scaled_grouped_mm` at any group size
     (the decomposition runs during the first forward, which traces the backward too)."""
-    saved = registry.TORCH_FP8_MIN_TOKENS_PER_GROUP, registry.TORCH_FP8_MIN_DIM
+    saved = routes.TORCH_FP8_MIN_TOKENS_PER_GROUP, routes.TORCH_FP8_MIN_DIM
     if on:
-        registry.TORCH_FP8_MIN_TOKENS_PER_GROUP = registry.TORCH_FP8_MIN_DIM = 0
+        routes.TORCH_FP8_MIN_TOKENS_PER_GROUP = routes.TORCH_FP8_MIN_DIM = 0
     try:
         yield
     finally:
-        registry.TORCH_FP8_MIN_TOKENS_PER_GROUP, registry.TORCH_FP8_MIN_DIM = saved
+        routes.TORCH_FP8_MIN_TOKENS_PER_GROUP, routes.TORCH_FP8_MIN_DIM = saved
 
 
 def compiled(name: str, mod: torch.nn.Module):

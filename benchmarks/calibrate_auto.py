@@ -52,18 +52,20 @@ def _time(fn, args, iters: int) -> float:
 def _role_fns(recipe: str, dense: bool):
     """Compiled callables per role, every size dynamic: one compile serves all shapes. `p` is the
     weight's parameter (its quantization reused) or None."""
+    # the weight's quantization reused where `p` is given (a spec's reuse flag with no parameter reuses nothing)
+    spec, weight_spec = f"{recipe}:{ROUNDING}+reuse_weight", f"{recipe}:{ROUNDING}"
     if dense:
         fns = {
-            "forward": lambda x, w, p: ops.linear_op(x, w, recipe, recipe, recipe, ROUNDING, p),
-            "input-grad": lambda g, w, p: ops.linear_dgrad_op(g, w, recipe, ROUNDING, p),
-            "weight-grad": lambda g, x: ops.linear_wgrad_op(g, x, recipe, ROUNDING),
+            "forward": lambda x, w, p: ops.linear_op(x, w, spec, spec, weight_spec, p),
+            "input-grad": lambda g, w, p: ops.linear_input_grad_op(g, w, spec, p),
+            "weight-grad": lambda g, x: ops.linear_weight_grad_op(g, x, weight_spec),
         }
     else:
         fns = {
-            "forward": lambda a, b, offs, p: ops.grouped_mm_op(a, b, offs, recipe, recipe, recipe, ROUNDING, p),
-            "input-grad": lambda g, b, offs, p: ops.grouped_mm_dgrad_op(g, b, offs, recipe, ROUNDING, p),
-            # the call the op's backward makes for a weight stored [E, N, K] (lowering/ops.py)
-            "weight-grad": lambda a, g, offs: ops.grouped_mm_wgrad_op(a, g, offs, recipe, ROUNDING),
+            "forward": lambda a, b, offs, p: ops.grouped_mm_op(a, b, offs, spec, spec, weight_spec, p),
+            "input-grad": lambda g, b, offs, p: ops.grouped_mm_input_grad_op(g, b, offs, spec, p),
+            # the call the op's backward makes for a weight stored [E, N, K] (lowering/autograd.py)
+            "weight-grad": lambda a, g, offs: ops.grouped_mm_weight_grad_op(a, g, offs, weight_spec),
         }
     ops.register_decompositions()  # time the ops as Inductor compiles them in a model: decomposed
     return {role: torch.compile(fn, dynamic=True) for role, fn in fns.items()}  # one compile per role

@@ -99,7 +99,7 @@ def main() -> None:
             bf16 = step(lambda x, w, offs: torch._grouped_mm(x, w.transpose(-2, -1), offs=offs), p)
             eager = step(lambda x, w, offs, r=recipe: mx.grouped_mm(x, w.transpose(-2, -1), offs, recipe=r), p)
             got, sites = run_module(recipe, p)
-            actions = ", ".join(f"{s.role} {s.action} {s.recipe}" for s in sites)
+            actions = ", ".join(f"{s.role} {s.action} {s.impl}" for s in sites)
             print(f"{recipe:13s} K={K:5d} N={N:5d}  compiled {dbs(bf16, got, rows)}  eager {dbs(bf16, eager, rows)}"
                   f"  compiled-eager {dbs(eager, got, rows)}  [{actions}]")
     print("recompiled: one compiled function (the weight an input), called at every shape in turn")

@@ -37,8 +37,8 @@ class Report:
             lines.append("An eager per-expert loop (torch.where / nonzero per expert) is not capturable; "
                          "use a grouped-mm experts implementation (torch._grouped_mm).")
             return "\n".join(lines)
-        header = ("module", "weight", "role", "action", "recipe", "reason")
-        rows = [(s.module_fqn or "-", s.weight_fqn or "-", s.role, s.action, s.recipe, s.reason) for s in self.sites]
+        header = ("module", "weight", "role", "action", "runs", "reason")
+        rows = [(s.module_fqn or "-", s.weight_fqn or "-", s.role, s.action, s.impl, s.reason) for s in self.sites]
         widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
         fmt = "  ".join(f"{{:<{w}}}" for w in widths)
         out = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]

@@ -26,7 +26,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from .kernels import shared_weight
-from .lowering import weights
+from .lowering import weight_cache
 
 aten = torch.ops.aten
 # ops that make a tensor standing for the same weight (FSDP2's sharding, copies, state dicts):
@@ -108,7 +108,7 @@ class FP8AllGatherWeight(torch.Tensor):
         # quantized once per update of the shard: every microbatch's gathers reuse it until a
         # write through the parameter (the optimizer's step) or into one of the plain tensors
         # `module`'s state dicts handed out for it (`plain_state_dict`) drops it
-        stamp = (_writes, dtype, weights.state_dict_aliases(module).state())
+        stamp = (_writes, dtype, weight_cache.state_dict_aliases(module).state())
         if self._fp8 is None or self._fp8[0] != stamp:
             self._fp8 = (stamp, shared_weight.quantize(self._tensor.to(dtype), self.recipe, self.rounding))
         return self._fp8[1], None
@@ -133,7 +133,7 @@ def dequantize(data: torch.Tensor, scales: torch.Tensor, recipe: str, dtype: tor
     """A gathered weight dequantized (`shared_weight.dequantize`): on CUDA, of whole 32-row blocks,
     by MXFP8's dequantize kernel in one pass. Eager only (FSDP2's hooks); the graphs' rounding is
     the pure-torch one, which Inductor decomposes."""
-    if data.is_cuda and data.shape[-2] % shared_weight.TILE == 0:
+    if data.is_cuda and data.shape[-2] % shared_weight.SHARED_TILE == 0:
         from .kernels import triton_mx  # imported lazily: triton is optional off Linux
 
         return triton_mx.dequantize(data, shared_weight.column_scales(scales, recipe, data.shape), -2, dtype, out)
@@ -145,7 +145,7 @@ def plain_state_dict(module: torch.nn.Module, state_dict: dict[str, Any], prefix
     inside FSDP2's DTensors), so that checkpoints hold values alone and load anywhere, `torch.load`'s
     `weights_only` included; loading into a wrapped parameter copies into it. Writes into these
     tensors reach the shard's data below every `__torch_dispatch__`, so `module` records them
-    (`weights.StateDictAliases`) for `fsdp_pre_all_gather` to see."""
+    (`weight_cache.StateDictAliases`) for `fsdp_pre_all_gather` to see."""
     for key, value in state_dict.items():
         if isinstance(value, FP8AllGatherWeight):
             state_dict[key] = value._tensor
@@ -154,7 +154,7 @@ def plain_state_dict(module: torch.nn.Module, state_dict: dict[str, Any], prefix
 
             state_dict[key] = DTensor.from_local(value._local_tensor._tensor, value.device_mesh, value.placements,
                                                  run_check=False, shape=value.shape, stride=value.stride())
-    weights.record_state_dict(module, state_dict, prefix, local_metadata)
+    weight_cache.record_state_dict(module, state_dict, prefix, local_metadata)
 
 
 def wrap(param: torch.nn.Parameter, recipe: str, rounding: str) -> torch.nn.Parameter:

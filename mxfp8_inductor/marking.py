@@ -11,8 +11,8 @@ import torch
 from . import fsdp, marks
 from ._warn import warn
 from .backend import install_marked_model_pass
-from .kernels.shared_weight import TILE
-from .lowering import weights as weight_cache
+from .kernels.shared_weight import SHARED_TILE
+from .lowering import weight_cache
 from .options import MXFP8Config
 
 M = TypeVar("M", bound=torch.nn.Module)
@@ -63,7 +63,7 @@ def _decide(module: torch.nn.Module, fqn: str, config: MXFP8Config) -> tuple[boo
                              f"{fqn or 'the model'} ({type(module).__name__})")
         filtered = not keep
     return filtered, frozenset(name for name, p in module.named_parameters(recurse=False) if p.dim() == 3 and (
-        filtered or not config.decide(fqn, f"{fqn}.{name}" if fqn else name)[0]))
+        filtered or not config.matches(fqn, f"{fqn}.{name}" if fqn else name)[0]))
 
 
 def _guarded_class(module: torch.nn.Module, fqn: str, config_key: str, kept: frozenset[str]) -> type:
@@ -133,7 +133,7 @@ def _set_all_gather(module: torch.nn.Module, fqn: str, config: MXFP8Config, kept
             continue
         # an mxfp8 weight of no whole tiles is skipped by the pass, and so gathered as it is
         wanted = config.fsdp_fp8_all_gather and name not in kept and (
-            config.recipe != "mxfp8" or not (p.shape[-1] % TILE or p.shape[-2] % TILE))
+            config.recipe != "mxfp8" or not (p.shape[-1] % SHARED_TILE or p.shape[-2] % SHARED_TILE))
         if wanted and _sharded(p):
             raise ValueError(f"{fqn}.{name} is already sharded: mark the model with mxfp8(..., "
                              "fsdp_fp8_all_gather=True) before fully_shard, which shards what it finds")

@@ -170,8 +170,10 @@ class MXFP8Config:
             fields["filter_fn"] = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}"
         return json.dumps(fields, sort_keys=True)
 
-    def decide(self, module_fqn: str | None, weight_fqn: str | None, dense: bool = False) -> tuple[bool, str]:
-        """(rewrite?, reason) for a site from its FQNs; `dense`: a linear, not a grouped GEMM."""
+    def matches(self, module_fqn: str | None, weight_fqn: str | None, dense: bool = False) -> tuple[bool, str]:
+        """(rewrite?, reason) for a site from its FQNs by the include/exclude patterns and the dense
+        defaults; `dense`: a linear, not a grouped GEMM. The pass's whole decision is
+        `patterns.rewrite.decide`."""
         names = _candidates(module_fqn, weight_fqn)
         hit = _first_match(self.exclude, names)
         if hit:

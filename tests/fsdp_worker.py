@@ -214,7 +214,7 @@ def run(recipe: str, *, unwrap: bool = False, sharded: bool = True, master: torc
     from torch._dynamo.utils import counters
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from mxfp8_inductor.lowering import weights
+    from mxfp8_inductor.lowering import weight_cache as weights
 
     torch._dynamo.reset()
     counters.clear()

@@ -78,7 +78,7 @@ def test_fused_path_adds_no_error(monkeypatch):
     one layer deep (the interpreter runs each GEMM's programs one by one)."""
     from mxfp8_inductor.kernels import triton_mx_gemm
     from mxfp8_inductor.lowering import mxfp8 as mx_lowering
-    from mxfp8_inductor.registry import Route
+    from mxfp8_inductor.routes import Route
 
     monkeypatch.setattr(mx_lowering, "gemm_path", lambda device, K, N, fused=False: Route.MXFP8_FUSED)
     calls = []

@@ -13,7 +13,7 @@ import mxfp8_inductor as mx
 
 def _ops(report: mx.Report) -> str:
     """The grouped-GEMM calls of the AOT forward/backward graphs, one per line, with their string
-    arguments (the recipe of each GEMM and the rounding); tensor operands left out."""
+    arguments (the spec of each GEMM); tensor operands left out."""
     lines = []
     for graph in report.aot_graphs:
         for line in graph.splitlines():
@@ -21,7 +21,7 @@ def _ops(report: mx.Report) -> str:
                 lines.append(line)
             m = re.search(r"= (torch\.ops\.(?:mxfp8|aten)\.\w*grouped_mm\w*\.default)\((.*)", line)
             if m:
-                strings = re.findall(r"'(\w+)'", m.group(2).split(";")[0])
+                strings = re.findall(r"'([\w:+]+)'", m.group(2).split(";")[0])
                 lines.append(" ".join(["   ", m.group(1).removeprefix("torch.ops."), *strings]))
     return "\n".join(lines)
 
@@ -39,28 +39,28 @@ class TestTorchTitanStyle(expecttest.TestCase):
         self.assertEqual(len(report.sites), 9)
         self.assertExpectedInline(_ops(report), """\
 # forward
-    mxfp8.grouped_mm.default mxfp8 mxfp8 mxfp8 rceil
-    mxfp8.grouped_mm.default mxfp8 mxfp8 mxfp8 rceil
-    mxfp8.grouped_mm.default mxfp8 mxfp8 mxfp8 rceil
+    mxfp8.grouped_mm.default mxfp8:rceil mxfp8:rceil mxfp8:rceil
+    mxfp8.grouped_mm.default mxfp8:rceil mxfp8:rceil mxfp8:rceil
+    mxfp8.grouped_mm.default mxfp8:rceil mxfp8:rceil mxfp8:rceil
 # backward
-    mxfp8.grouped_mm_dgrad.default mxfp8 rceil
-    mxfp8.grouped_mm_wgrad.default mxfp8 rceil
-    mxfp8.grouped_mm_dgrad.default mxfp8 rceil
-    mxfp8.grouped_mm_wgrad.default mxfp8 rceil
-    mxfp8.grouped_mm_dgrad.default mxfp8 rceil
-    mxfp8.grouped_mm_wgrad.default mxfp8 rceil""")
+    mxfp8.grouped_mm_input_grad.default mxfp8:rceil
+    mxfp8.grouped_mm_weight_grad.default mxfp8:rceil
+    mxfp8.grouped_mm_input_grad.default mxfp8:rceil
+    mxfp8.grouped_mm_weight_grad.default mxfp8:rceil
+    mxfp8.grouped_mm_input_grad.default mxfp8:rceil
+    mxfp8.grouped_mm_weight_grad.default mxfp8:rceil""")
         self.assertExpectedInline(str(report), """\
-module                weight                       role         action     recipe  reason                    
---------------------  ---------------------------  -----------  ---------  ------  --------------------------
-layers.0.moe.experts  layers.0.moe.experts.w1_EFD  forward      rewritten  mxfp8   routed-expert grouped GEMM
-layers.0.moe.experts  layers.0.moe.experts.w1_EFD  input-grad   rewritten  mxfp8   routed-expert grouped GEMM
-layers.0.moe.experts  layers.0.moe.experts.w1_EFD  weight-grad  rewritten  mxfp8   routed-expert grouped GEMM
-layers.0.moe.experts  layers.0.moe.experts.w3_EFD  forward      rewritten  mxfp8   routed-expert grouped GEMM
-layers.0.moe.experts  layers.0.moe.experts.w3_EFD  input-grad   rewritten  mxfp8   routed-expert grouped GEMM
-layers.0.moe.experts  layers.0.moe.experts.w3_EFD  weight-grad  rewritten  mxfp8   routed-expert grouped GEMM
-layers.0.moe.experts  layers.0.moe.experts.w2_EDF  forward      rewritten  mxfp8   routed-expert grouped GEMM
-layers.0.moe.experts  layers.0.moe.experts.w2_EDF  input-grad   rewritten  mxfp8   routed-expert grouped GEMM
-layers.0.moe.experts  layers.0.moe.experts.w2_EDF  weight-grad  rewritten  mxfp8   routed-expert grouped GEMM
+module                weight                       role         action     runs   reason                    
+--------------------  ---------------------------  -----------  ---------  -----  --------------------------
+layers.0.moe.experts  layers.0.moe.experts.w1_EFD  forward      rewritten  mxfp8  routed-expert grouped GEMM
+layers.0.moe.experts  layers.0.moe.experts.w1_EFD  input-grad   rewritten  mxfp8  routed-expert grouped GEMM
+layers.0.moe.experts  layers.0.moe.experts.w1_EFD  weight-grad  rewritten  mxfp8  routed-expert grouped GEMM
+layers.0.moe.experts  layers.0.moe.experts.w3_EFD  forward      rewritten  mxfp8  routed-expert grouped GEMM
+layers.0.moe.experts  layers.0.moe.experts.w3_EFD  input-grad   rewritten  mxfp8  routed-expert grouped GEMM
+layers.0.moe.experts  layers.0.moe.experts.w3_EFD  weight-grad  rewritten  mxfp8  routed-expert grouped GEMM
+layers.0.moe.experts  layers.0.moe.experts.w2_EDF  forward      rewritten  mxfp8  routed-expert grouped GEMM
+layers.0.moe.experts  layers.0.moe.experts.w2_EDF  input-grad   rewritten  mxfp8  routed-expert grouped GEMM
+layers.0.moe.experts  layers.0.moe.experts.w2_EDF  weight-grad  rewritten  mxfp8  routed-expert grouped GEMM
 9 rewritten; 0 graph break(s)""")
 
     def test_rewritten_dynamo_graph(self):
@@ -94,13 +94,13 @@ def forward(self, L_self_modules_layers_modules_0_modules_norm_parameters_weight
     getitem_2 = x_TD[floordiv];  x_TD = floordiv = None
     offs_E = torch.cumsum(counts_E, dim = 0, dtype = torch.int32);  counts_E = None
     transpose = l_self_modules_layers_modules_0_modules_moe_modules_experts_parameters_w1_efd_.transpose(-2, -1);  l_self_modules_layers_modules_0_modules_moe_modules_experts_parameters_w1_efd_ = None
-    grouped_mm_default = torch.ops.mxfp8.grouped_mm.default(getitem_2, transpose, offs_E, 'mxfp8', 'mxfp8', 'mxfp8', 'rceil', None);  transpose = None
+    grouped_mm_default = torch.ops.mxfp8.grouped_mm.default(getitem_2, transpose, offs_E, 'mxfp8:rceil', 'mxfp8:rceil', 'mxfp8:rceil', None);  transpose = None
     h_RF = torch.nn.functional.silu(grouped_mm_default);  grouped_mm_default = None
     transpose_1 = l_self_modules_layers_modules_0_modules_moe_modules_experts_parameters_w3_efd_.transpose(-2, -1);  l_self_modules_layers_modules_0_modules_moe_modules_experts_parameters_w3_efd_ = None
-    grouped_mm_default_1 = torch.ops.mxfp8.grouped_mm.default(getitem_2, transpose_1, offs_E, 'mxfp8', 'mxfp8', 'mxfp8', 'rceil', None);  getitem_2 = transpose_1 = None
+    grouped_mm_default_1 = torch.ops.mxfp8.grouped_mm.default(getitem_2, transpose_1, offs_E, 'mxfp8:rceil', 'mxfp8:rceil', 'mxfp8:rceil', None);  getitem_2 = transpose_1 = None
     h_RF_1 = h_RF * grouped_mm_default_1;  h_RF = grouped_mm_default_1 = None
     transpose_2 = l_self_modules_layers_modules_0_modules_moe_modules_experts_parameters_w2_edf_.transpose(-2, -1);  l_self_modules_layers_modules_0_modules_moe_modules_experts_parameters_w2_edf_ = None
-    grouped_mm_default_2 = torch.ops.mxfp8.grouped_mm.default(h_RF_1, transpose_2, offs_E, 'mxfp8', 'mxfp8', 'mxfp8', 'rceil', None);  h_RF_1 = transpose_2 = offs_E = None
+    grouped_mm_default_2 = torch.ops.mxfp8.grouped_mm.default(h_RF_1, transpose_2, offs_E, 'mxfp8:rceil', 'mxfp8:rceil', 'mxfp8:rceil', None);  h_RF_1 = transpose_2 = offs_E = None
     empty_like = torch.empty_like(grouped_mm_default_2)
     out_RD = empty_like.index_copy(0, order_R, grouped_mm_default_2);  empty_like = order_R = grouped_mm_default_2 = None
     view_3 = out_RD.view(-1, 2, 64);  out_RD = None
@@ -119,7 +119,7 @@ def forward(self, L_self_modules_layers_modules_0_modules_norm_parameters_weight
                             options={"recipe": "fp8_rowwise", "exclude": ["layers.1.moe"]})
         code = "".join(report.graphs)
         self.assertEqual(code.count("mxfp8.grouped_mm.default("), 3)
-        self.assertEqual(code.count("'fp8_rowwise', 'fp8_rowwise', 'fp8_rowwise', 'rceil', None)"), 3)
+        self.assertEqual(code.count("'fp8_rowwise:rceil', 'fp8_rowwise:rceil', 'fp8_rowwise:rceil', None)"), 3)
         self.assertEqual({a for w, r, a in _actions(report) if w.startswith("layers.1.")}, {"excluded"})
 
     def test_exclude_and_wgrad_options(self):
@@ -133,9 +133,9 @@ def forward(self, L_self_modules_layers_modules_0_modules_norm_parameters_weight
         self.assertEqual({a for w, r, a in rows if w.startswith("layers.1.")}, {"excluded"})
         self.assertExpectedInline(_ops(report), """\
 # forward
-    mxfp8.grouped_mm.default mxfp8 mxfp8 bf16 rceil
-    mxfp8.grouped_mm.default mxfp8 mxfp8 bf16 rceil
-    mxfp8.grouped_mm.default mxfp8 mxfp8 bf16 rceil
+    mxfp8.grouped_mm.default mxfp8:rceil mxfp8:rceil bf16:rceil
+    mxfp8.grouped_mm.default mxfp8:rceil mxfp8:rceil bf16:rceil
+    mxfp8.grouped_mm.default mxfp8:rceil mxfp8:rceil bf16:rceil
     aten._grouped_mm.default
     aten._grouped_mm.default
     aten._grouped_mm.default
@@ -146,12 +146,12 @@ def forward(self, L_self_modules_layers_modules_0_modules_norm_parameters_weight
     aten._grouped_mm.default
     aten._grouped_mm.default
     aten._grouped_mm.default
-    mxfp8.grouped_mm_dgrad.default mxfp8 rceil
-    mxfp8.grouped_mm_wgrad.default bf16 rceil
-    mxfp8.grouped_mm_dgrad.default mxfp8 rceil
-    mxfp8.grouped_mm_wgrad.default bf16 rceil
-    mxfp8.grouped_mm_dgrad.default mxfp8 rceil
-    mxfp8.grouped_mm_wgrad.default bf16 rceil""")
+    mxfp8.grouped_mm_input_grad.default mxfp8:rceil
+    mxfp8.grouped_mm_weight_grad.default bf16:rceil
+    mxfp8.grouped_mm_input_grad.default mxfp8:rceil
+    mxfp8.grouped_mm_weight_grad.default bf16:rceil
+    mxfp8.grouped_mm_input_grad.default mxfp8:rceil
+    mxfp8.grouped_mm_weight_grad.default bf16:rceil""")
 
 
 class TestHFStyle(expecttest.TestCase):
@@ -164,13 +164,13 @@ class TestHFStyle(expecttest.TestCase):
             self.assertEqual([s.weight_fqn for s in report.sites[::3]], ["experts.gate_up_proj", "experts.down_proj"])
         self.assertExpectedInline(_ops(report), """\
 # forward
-    mxfp8.grouped_mm.default mxfp8 mxfp8 mxfp8 rceil
-    mxfp8.grouped_mm.default mxfp8 mxfp8 mxfp8 rceil
+    mxfp8.grouped_mm.default mxfp8:rceil mxfp8:rceil mxfp8:rceil
+    mxfp8.grouped_mm.default mxfp8:rceil mxfp8:rceil mxfp8:rceil
 # backward
-    mxfp8.grouped_mm_dgrad.default mxfp8 rceil
-    mxfp8.grouped_mm_wgrad.default mxfp8 rceil
-    mxfp8.grouped_mm_dgrad.default mxfp8 rceil
-    mxfp8.grouped_mm_wgrad.default mxfp8 rceil""")
+    mxfp8.grouped_mm_input_grad.default mxfp8:rceil
+    mxfp8.grouped_mm_weight_grad.default mxfp8:rceil
+    mxfp8.grouped_mm_input_grad.default mxfp8:rceil
+    mxfp8.grouped_mm_weight_grad.default mxfp8:rceil""")
 
 
 def test_gemms_without_gradient_are_reported_as_not_computed():
@@ -180,7 +180,7 @@ def test_gemms_without_gradient_are_reported_as_not_computed():
     rows = {(s.weight_fqn, s.role): s.action for s in report.sites}
     assert rows[("experts.gate_up_proj", "input-grad")] == "not computed"
     assert rows[("experts.down_proj", "input-grad")] == "rewritten"
-    assert "mxfp8.grouped_mm_dgrad" in report.aot_graphs[-1]
+    assert "mxfp8.grouped_mm_input_grad" in report.aot_graphs[-1]
 
 
 def test_no_grad_reports_no_backward_gemms():
@@ -243,7 +243,7 @@ def test_class_decorator_marks_every_instance_with_its_options():
     model = MarkedMoE(layers=2).bfloat16()
     report = mx.explain(model, torch.randn(1, 8, 64, dtype=torch.bfloat16))
     code = "".join(report.graphs)
-    assert code.count("'fp8_rowwise', 'fp8_rowwise', 'bf16', 'rceil', None)") == 3 and "'mxfp8'" not in code
+    assert code.count("'fp8_rowwise:rceil', 'fp8_rowwise:rceil', 'bf16:rceil', None)") == 3 and "'mxfp8" not in code
     by_layer = {(s.weight_fqn.split(".")[1], s.role): s.action for s in report.sites}
     assert by_layer[("0", "forward")] == "rewritten" and by_layer[("0", "weight-grad")] == "kept bf16"
     assert by_layer[("1", "forward")] == "excluded"
@@ -262,9 +262,9 @@ class TestSharedWeights(expecttest.TestCase):
         calls = [re.sub(r"^.*= torch\.ops\.mxfp8\.(\w+)\.default\((.*?)\);.*$", r"\1(\2)", line).strip()
                  for graph in report.graphs for line in graph.splitlines() if "torch.ops.mxfp8." in line]
         self.assertExpectedInline("\n".join(calls), """\
-grouped_mm(getitem_2, transpose, offs_E, 'fp8_rowwise', 'fp8_rowwise', 'fp8_rowwise', 'rceil', None, True)
-grouped_mm(getitem_2, transpose_1, offs_E, 'fp8_rowwise', 'fp8_rowwise', 'fp8_rowwise', 'rceil', None, True)
-grouped_mm(h_RF_1, transpose_2, offs_E, 'fp8_rowwise', 'fp8_rowwise', 'fp8_rowwise', 'rceil', None, True)""")
+grouped_mm(getitem_2, transpose, offs_E, 'fp8_rowwise:rceil+shared_weight', 'fp8_rowwise:rceil+shared_weight', 'fp8_rowwise:rceil', None)
+grouped_mm(getitem_2, transpose_1, offs_E, 'fp8_rowwise:rceil+shared_weight', 'fp8_rowwise:rceil+shared_weight', 'fp8_rowwise:rceil', None)
+grouped_mm(h_RF_1, transpose_2, offs_E, 'fp8_rowwise:rceil+shared_weight', 'fp8_rowwise:rceil+shared_weight', 'fp8_rowwise:rceil', None)""")
         reasons = {(s.weight_fqn, s.role): s.reason for s in report.sites}
         fqn = "layers.0.moe.experts.w1_EFD"
         assert "one scale per expert, fsdp_fp8_all_gather" in reasons[(fqn, "forward")], reasons

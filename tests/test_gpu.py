@@ -8,10 +8,10 @@ import torch
 from helpers import assert_bitwise_equal, assert_sqnr_near, equalize_columns, pow2_scales, sqnr
 
 import mxfp8_inductor as mx
-from mxfp8_inductor import registry
+from mxfp8_inductor import routes
 from mxfp8_inductor.kernels import reference as ref
 from mxfp8_inductor.lowering import mxfp8 as mx_lowering
-from mxfp8_inductor.registry import Route
+from mxfp8_inductor.routes import Route
 
 pytestmark = pytest.mark.gpu
 
@@ -172,7 +172,7 @@ def test_compile_fullgraph_on_gpu(recipe):
 def test_rowwise_fp8_gemms_match_their_emulation(monkeypatch, shape):
     """The FP8 grouped GEMMs (forward 2d-3d, input grad, weight grad 2d-2d on padded groups)
     compute what the CPU emulation computes, up to fp32 accumulation order: ours at fine64's ~512
-    tokens per group, torch's at dsv3's ~4096 (`registry.route`)."""
+    tokens per group, torch's at dsv3's ~4096 (`routes.route`)."""
     E, D, F = SHAPES[shape]
     torch.manual_seed(4)
     offs = uneven_offs(E, TOKENS)
@@ -187,7 +187,7 @@ def test_rowwise_fp8_gemms_match_their_emulation(monkeypatch, shape):
         return out, a_.grad, w_.grad
 
     got = run()
-    monkeypatch.setattr(registry, "has_fp8_grouped_mm", lambda device: False)
+    monkeypatch.setattr(routes, "has_fp8_grouped_mm", lambda device: False)
     want = run()
     L = int(offs[-1])
     assert sqnr(want[0][:L], got[0][:L]) >= 40
@@ -236,7 +236,7 @@ def test_rowwise_dense_linear_matches_its_emulation(monkeypatch):
         return out, x_.grad, w_.grad
 
     got = run()
-    monkeypatch.setattr(registry, "has_fp8_grouped_mm", lambda device: False)
+    monkeypatch.setattr(routes, "has_fp8_grouped_mm", lambda device: False)
     for want, have in zip(run(), got):
         assert sqnr(want, have) >= 40
 

@@ -1,5 +1,5 @@
 """The package's imports flow one way: entry points -> patterns -> lowering -> kernels, with
-eligibility, options and registry as leaves that every layer may use (docs/design.md, "Layout")."""
+eligibility, options, routes and spec as leaves that every layer may use (docs/design.md, "Layout")."""
 
 import ast
 import pathlib
@@ -8,7 +8,7 @@ import pytest
 
 PACKAGE = pathlib.Path(__file__).parents[1] / "mxfp8_inductor"
 # a module may import modules of its own rank or lower
-RANK = {"_warn": 0, "_version": 0, "options": 0, "marks": 0, "registry": 0, "eligibility": 1, "kernels": 2,
+RANK = {"_warn": 0, "_version": 0, "options": 0, "marks": 0, "routes": 0, "spec": 0, "eligibility": 1, "kernels": 2,
         "lowering": 3, "patterns": 4}
 ENTRY = 5  # __init__, backend, marking, explain, check
 

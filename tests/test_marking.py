@@ -189,8 +189,8 @@ def test_instances_marked_with_other_options_compile_their_own_graphs(monkeypatc
     finally:
         torch._dynamo.reset()
     assert len(graphs) == 2, "the second instance reused the first one's graph"
-    assert graphs[0].count("'mxfp8', 'mxfp8', 'mxfp8', 'rceil'") == 3 and "fp8_rowwise" not in graphs[0]
-    assert graphs[1].count("'fp8_rowwise', 'fp8_rowwise', 'fp8_rowwise', 'rceil'") == 3
+    assert graphs[0].count("'mxfp8:rceil', 'mxfp8:rceil', 'mxfp8:rceil'") == 3 and "fp8_rowwise" not in graphs[0]
+    assert graphs[1].count("'fp8_rowwise:rceil', 'fp8_rowwise:rceil', 'fp8_rowwise:rceil'") == 3
 
 
 def test_guard_class_copies_keep_their_options():

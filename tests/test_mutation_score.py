@@ -14,7 +14,7 @@ from mutation_score import MUTATIONS, Mutation
 
 def test_every_mutation_fits_the_code():
     """Each mutation's original text occurs exactly once in its file and its replacement changes
-    one line: edit the list with the code it mutates (kernels/blockwise.py, lowering/weights.py
+    one line: edit the list with the code it mutates (kernels/blockwise.py, lowering/weight_cache.py
     and the others alike)."""
     assert mutation_score.problems(MUTATIONS) == []
 

@@ -10,7 +10,7 @@ from helpers import assert_bitwise_equal, make_offs
 
 import mxfp8_inductor as mx
 from mxfp8_inductor.kernels import reference, rowwise
-from mxfp8_inductor.lowering import weights
+from mxfp8_inductor.lowering import weight_cache as weights
 from mxfp8_inductor.options import MXFP8Config
 from mxfp8_inductor.patterns.rewrite import rewrite
 

@@ -1,6 +1,7 @@
-"""The README's Python blocks run as written: each ```python block of README.md, read from the file,
-runs in a fresh namespace on CPU (its setup lines build the tiny models it is shown on), and the
-FQN patterns it passes as `include` / `exclude` match expert sites of the model it shows."""
+"""The user docs' Python blocks run as written: each ```python block of README.md and
+docs/integrations.md, read from the file, runs in a fresh namespace on CPU (its setup lines build
+the tiny models it is shown on), and the FQN patterns it passes as `include` / `exclude` match
+expert sites of the model it shows. A block is named by its file and the heading above it."""
 
 from __future__ import annotations
 
@@ -16,7 +17,10 @@ import torch
 
 import mxfp8_inductor as mx
 
-README = pathlib.Path(__file__).parents[1] / "README.md"
+ROOT = pathlib.Path(__file__).parents[1]
+# each file with the python blocks it must hold at least: an edit that drops one shows here
+# (README: the quick start, the three ways in, the ops; integrations: TorchTitan's config)
+DOCS = {"README.md": 3, "docs/integrations.md": 1}
 
 
 def python_blocks(text: str) -> list[tuple[str, int, str]]:
@@ -48,12 +52,14 @@ def python_blocks(text: str) -> list[tuple[str, int, str]]:
     return out
 
 
-BLOCKS = python_blocks(README.read_text())
+# (file, block name, first line number, source) of every block
+BLOCKS = [(doc, name, line, source) for doc in DOCS for name, line, source in python_blocks((ROOT / doc).read_text())]
 
 
-def test_readme_has_the_python_blocks():
-    # the usage block, the ops and the TorchTitan config: an edit that drops one shows here
-    assert len(BLOCKS) >= 3, [name for name, _, _ in BLOCKS]
+@pytest.mark.parametrize("doc", DOCS)
+def test_doc_has_the_python_blocks(doc):
+    names = [name for file, name, _, _ in BLOCKS if file == doc]
+    assert len(names) >= DOCS[doc], names
 
 
 def _imported_modules(tree: ast.Module) -> list[str]:
@@ -119,15 +125,15 @@ def _shown_models(namespace: dict[str, Any]) -> list[torch.nn.Module]:
     return models
 
 
-@pytest.mark.parametrize("name, line, source", BLOCKS, ids=[name for name, _, _ in BLOCKS])
-def test_readme_block_runs(name, line, source):
+@pytest.mark.parametrize("doc, name, line, source", BLOCKS, ids=[f"{doc}: {name}" for doc, name, _, _ in BLOCKS])
+def test_doc_block_runs(doc, name, line, source):
     tree = ast.parse(source)
     _skip_if_a_dependency_is_missing(tree)
     first = source.lstrip().splitlines()[0]
-    module = first[2:].removesuffix(".py").strip() if first.startswith("# ") and first.endswith(".py") else "readme"
+    module = first[2:].removesuffix(".py").strip() if first.startswith("# ") and first.endswith(".py") else "doc_block"
     namespace: dict[str, Any] = {"__name__": module}
-    # line numbers in a traceback are the README's
-    code = compile("\n" * (line - 1) + source, str(README), "exec")
+    # line numbers in a traceback are the doc's
+    code = compile("\n" * (line - 1) + source, str(ROOT / doc), "exec")
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*matches no grouped-matmul site")
         exec(code, namespace)

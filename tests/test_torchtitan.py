@@ -56,7 +56,7 @@ def test_converter_marks_the_model_with_its_options(module, flavor, layers):
     assert {role for _, role in rewritten} == {"forward", "input-grad", "weight-grad"}
     # the recipe and rounding reach the rewritten ops' arguments
     graphs = "\n".join(report.graphs)
-    assert "'fp8_rowwise'" in graphs and "'floor'" in graphs, graphs
+    assert "'fp8_rowwise:floor'" in graphs, graphs
 
 
 @pytest.mark.parametrize("options, message", [
@@ -96,4 +96,5 @@ def test_converter_option_fsdp_fp8_all_gather_survives_the_meta_build():
     report = mx.explain(model, torch.randint(0, config.vocab_size, (2, 16)))
     assert {s.action for s in report.sites} == {"rewritten"}, report
     ops = [line for g in report.graphs for line in g.splitlines() if "torch.ops.mxfp8.grouped_mm.default(" in line]
-    assert len(ops) == 3 and all(", None, True)" in line for line in ops), ops
+    assert len(ops) == 3 and all("'mxfp8:rceil+shared_weight', 'mxfp8:rceil+shared_weight', 'mxfp8:rceil', None)" in line
+                                 for line in ops), ops

@@ -21,25 +21,25 @@ import torch
 
 from .reference import E4M3_MAX, check_float, exponent_to_float, inv_scale, scale_exponent
 
-TILE = 32
-RECIPES = ("mxfp8", "fp8_rowwise")
+SHARED_TILE = 32
+SUPPORTED = ("mxfp8", "fp8_rowwise")
 
 
 def _check(w: torch.Tensor, recipe: str) -> None:
     check_float(w)
-    if recipe not in RECIPES:
-        raise ValueError(f"shared weight rounding is defined for {RECIPES}, got {recipe!r}")
+    if recipe not in SUPPORTED:
+        raise ValueError(f"shared weight rounding is defined for {SUPPORTED}, got {recipe!r}")
     if w.dim() < 2:
         raise ValueError(f"shared weight rounding takes matrices ([..., R, C]), got shape {tuple(w.shape)}")
-    if recipe == "mxfp8" and (w.shape[-1] % TILE or w.shape[-2] % TILE):
-        raise ValueError(f"mxfp8 weight tiles are {TILE}x{TILE}: the last two dims of {tuple(w.shape)} must be "
-                         f"multiples of {TILE}")
+    if recipe == "mxfp8" and (w.shape[-1] % SHARED_TILE or w.shape[-2] % SHARED_TILE):
+        raise ValueError(f"mxfp8 weight tiles are {SHARED_TILE}x{SHARED_TILE}: the last two dims of {tuple(w.shape)} "
+                         f"must be multiples of {SHARED_TILE}")
 
 
 def _tiles(x: torch.Tensor) -> torch.Tensor:
     """[..., R, C] -> [..., R/32, 32, C/32, 32]."""
     *lead, R, C = x.shape
-    return x.reshape(*lead, R // TILE, TILE, C // TILE, TILE)
+    return x.reshape(*lead, R // SHARED_TILE, SHARED_TILE, C // SHARED_TILE, SHARED_TILE)
 
 
 def _block_exponents(w: torch.Tensor, recipe: str, rounding: str) -> torch.Tensor:
@@ -94,9 +94,9 @@ def column_scales(scales: torch.Tensor, recipe: str, shape: torch.Size) -> torch
     one pass."""
     *lead, R, C = shape
     if recipe == "mxfp8":
-        return scales.repeat_interleave(TILE, dim=-1).view(torch.float8_e8m0fnu)
+        return scales.repeat_interleave(SHARED_TILE, dim=-1).view(torch.float8_e8m0fnu)
     biased = ((scales.view(torch.int32) >> 23) & 0xFF).to(torch.uint8)  # 2^-127 and NaN map to 0 and 255
-    return biased[..., None, None].expand(*lead, R // TILE, C).contiguous().view(torch.float8_e8m0fnu)
+    return biased[..., None, None].expand(*lead, R // SHARED_TILE, C).contiguous().view(torch.float8_e8m0fnu)
 
 
 def quantize_dequantize(w: torch.Tensor, recipe: str, rounding: str = "rceil") -> torch.Tensor:

@@ -35,7 +35,7 @@ import triton.language as tl
 from triton.runtime import _allocation
 
 from . import triton_common as tc
-from .blockwise import TILE, tiles
+from .blockwise import SCALE_TILE, tiles
 from .launch import launch_tuned
 
 F8 = torch.float8_e4m3fn
@@ -292,7 +292,9 @@ def blockwise_grouped_mm(
     return _grouped_mm(a, b, scale_a, scale_b, offs, blockwise=True)
 
 
-def _grouped_mm(a, b, scale_a, scale_b, offs, blockwise: bool) -> torch.Tensor:
+def _check_shapes(a, b, scale_a, scale_b, offs, blockwise: bool) -> tuple[int, ...]:
+    """`_check`, then the layout's scale and offs shapes (the Gluon kernel's checks too): the
+    output's shape."""
     _check(a, b, scale_a, scale_b, offs)
     if b.dim() == 3:
         (M, K), (E, _, N) = a.shape, b.shape
@@ -302,14 +304,23 @@ def _grouped_mm(a, b, scale_a, scale_b, offs, blockwise: bool) -> torch.Tensor:
             raise ValueError(f"offs must hold one group end per expert: {offs.numel()} for {E} experts")
     else:
         (K, T), (_, N), E = a.shape, b.shape, offs.numel()
-        if blockwise and T % TILE:
-            raise ValueError(f"the blockwise weight gradient takes tokens in whole tiles of {TILE}, got {T}")
-        want_a, want_b = ([T // TILE, K], [T // TILE, N]) if blockwise else ([E * K], [E * N])
+        if blockwise and T % SCALE_TILE:
+            raise ValueError(f"the blockwise weight gradient takes tokens in whole tiles of {SCALE_TILE}, got {T}")
+        want_a, want_b = ([T // SCALE_TILE, K], [T // SCALE_TILE, N]) if blockwise else ([E * K], [E * N])
         out_shape = (E, K, N)
     if list(scale_a.shape) != want_a or list(scale_b.shape) != want_b:
         raise ValueError(
             f"scales must be scale_a {want_a} and scale_b {want_b}, got {list(scale_a.shape)} and {list(scale_b.shape)}"
         )
+    return out_shape
+
+
+def _grouped_mm(a, b, scale_a, scale_b, offs, blockwise: bool) -> torch.Tensor:
+    out_shape = _check_shapes(a, b, scale_a, scale_b, offs, blockwise)
+    if b.dim() == 3:
+        (M, K), (E, _, N) = a.shape, b.shape
+    else:
+        (K, T), (_, N), E = a.shape, b.shape, offs.numel()
     out = torch.empty(out_shape, dtype=torch.bfloat16, device=a.device)
     if out.numel() == 0:
         return out

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ..options import check_choice
-from ..registry import has_mxfp8_mma
+from ..routes import has_mxfp8_mma
 from . import triton_common as tc
 from .launch import launch_tuned
 

@@ -23,10 +23,9 @@ import torch
 
 from .._warn import warn
 from ..eligibility import MULTIPLE_OF
-from ..registry import Gemm, has_fp8_grouped_mm, has_mxfp8_mma
+from ..routes import has_fp8_grouped_mm, has_mxfp8_mma
+from ..spec import ROLES, Impl
 from . import measure
-
-ROLES = ("forward", "input-grad", "weight-grad")
 
 FP8 = ("fp8_rowwise", "mxfp8")
 MARGIN = 0.03
@@ -37,12 +36,8 @@ CALIBRATED_ON = "H200"  # the GPU _DATA was measured on; every choice's reason n
 class Plan(NamedTuple):
     """What each GEMM (forward, input gradient, weight gradient) runs, and why."""
 
-    recipes: tuple[Gemm, Gemm, Gemm]
+    impls: tuple[Impl, Impl, Impl]
     reasons: tuple[str, str, str]
-
-    def op_args(self) -> tuple[str, str, str]:
-        """The three as the ops take them (plain strings, which graphs print as literals)."""
-        return tuple(g.value for g in self.recipes)
 
 
 _ROW_KEYS = frozenset({"K", "N", "role", "recipe", "tokens", "ratio"})
@@ -118,28 +113,28 @@ def _measured(M: int, K: int, N: int, E: int, dense: bool, device: torch.device,
     unit = "rows" if dense else "tokens per group"
     names = [r for r in measure.candidates(device, K, N, None if dense else tokens) if _fits(r, K, N)]
     if names == ["bf16"]:
-        return Plan((Gemm.BF16,) * 3, (f"bf16: no FP8 recipe multiplies in FP8 on {measure.device_name(device)} "
+        return Plan((Impl.BF16,) * 3, (f"bf16: no FP8 recipe multiplies in FP8 on {measure.device_name(device)} "
                                     "at this shape",) * 3)
     where = f"at {tokens:.0f} {unit}, timed on {measure.device_name(device)}"
-    recipes, reasons = [], []
+    impls, reasons = [], []
     for role in ROLES:
         ms = measure.times(names, role, M, K, N, E, dense=dense, rounding=rounding, cached=cached, device=device)
         best = min(ms, key=ms.get)
         best = best if ms[best] < (1 - MARGIN) * ms["bf16"] else "bf16"
         shown = ", ".join(f"{r} {t:.3f} ms" for r, t in ms.items())
-        recipes.append(Gemm(best))
+        impls.append(Impl(best))
         reasons.append(f"{best}: {shown} {where}" if best == "bf16" else
                        f"{best} {ms['bf16'] / ms[best]:.2f}x bf16 ({shown}) {where}")
-    return Plan(tuple(recipes), tuple(reasons))
+    return Plan(tuple(impls), tuple(reasons))
 
 
 def _auto(M: int | None, K: int, N: int, E: int, dense: bool, device: torch.device | None, timed: bool,
           rounding: str, cached: bool) -> Plan:
-    if M is None:  # left to the op, which picks per call from its shapes (lowering/ops.py)
+    if M is None:  # left to the op, which picks per call from its shapes (lowering/dispatch.py)
         if timed:
-            return Plan((Gemm.PER_CALL_TIMED,) * 3,
+            return Plan((Impl.PER_CALL_TIMED,) * 3,
                         ("token count dynamic at compile time: timed per call's token count",) * 3)
-        return Plan((Gemm.PER_CALL,) * 3, ("token count dynamic at compile time: chosen per call by its own",) * 3)
+        return Plan((Impl.PER_CALL,) * 3, ("token count dynamic at compile time: chosen per call by its own",) * 3)
     if timed:
         try:
             return _measured(M, K, N, E, dense, device, rounding, cached)
@@ -149,20 +144,20 @@ def _auto(M: int | None, K: int, N: int, E: int, dense: bool, device: torch.devi
                  f"out of GPU memory; chose from the {CALIBRATED_ON} cost model (autotune=False does so "
                  "without trying)")
     tokens = M if dense else M / max(E, 1)
-    recipes, reasons = [], []
+    impls, reasons = [], []
     for role in ROLES:
         fits = [r for r in FP8 if _fits(r, K, N)]
         costs = {r: c for r in fits if (c := ratio("dense" if dense else "grouped", role, r, K, N, tokens)) is not None}
         best = min(costs, key=costs.get, default=None)
         unit = "rows" if dense else "tokens per group"
         if best is not None and costs[best] < 1 - MARGIN:
-            recipes.append(Gemm(best))
+            impls.append(Impl(best))
             reasons.append(f"{best} {1 / costs[best]:.2f}x bf16 at {tokens:.0f} {unit} ({CALIBRATED_ON} table)")
         else:
-            recipes.append(Gemm.BF16)
+            impls.append(Impl.BF16)
             shown = ", ".join(f"{r} {1 / c:.2f}x" for r, c in costs.items()) or "no FP8 recipe fits"
             reasons.append(f"bf16: {shown} at {tokens:.0f} {unit} ({CALIBRATED_ON} table)")
-    return Plan(tuple(recipes), tuple(reasons))
+    return Plan(tuple(impls), tuple(reasons))
 
 
 def _fixed_recipe(device: torch.device | None) -> str | None:
@@ -179,29 +174,27 @@ def _fixed_recipe(device: torch.device | None) -> str | None:
 
 def plan_for(recipe: str, wgrad: str, *, M: int | None, K: int, N: int, E: int, dense: bool,
              device: torch.device | None = None, autotune: bool = False, rounding: str = "rceil",
-             cached: bool = False, mxfp8_fused: bool = False) -> Plan:
+             cached: bool = False) -> Plan:
     """The recipe of each GEMM of one site: `recipe` for all three (the weight gradient in bf16
     with wgrad="bf16"), or with "auto" the choice for M token rows on `device`. With `autotune`
     on a CUDA GPU: each role timed there (`measure.times`, in `rounding`, the weight's quantization
     reused if `cached`); M None (dynamic or unknown at compile time) gives PER_CALL_TIMED, timed by the
     op per call's token count. Otherwise the H200 cost model (M None: "auto", chosen per call by
     the op), except that compute capability 10.x takes native MXFP8 (not calibrated here) and other
-    GPUs (ROCm ones included) bf16. `mxfp8_fused`: mxfp8 GEMMs run in the fused kernels."""
+    GPUs (ROCm ones included) bf16."""
     timed = recipe == "auto" and autotune and measure.measurable(device)
     fixed = _fixed_recipe(device) if recipe == "auto" and not timed else None
     if fixed == "mxfp8" and _fits("mxfp8", K, N):
-        plan = Plan((Gemm.MXFP8,) * 3, ("compute capability 10.x: native MXFP8 (the cost model is Hopper's)",) * 3)
+        plan = Plan((Impl.MXFP8,) * 3, ("compute capability 10.x: native MXFP8 (the cost model is Hopper's)",) * 3)
     elif fixed is not None:
-        plan = Plan((Gemm.BF16,) * 3, ("no calibrated FP8 GEMM on this GPU",) * 3)
+        plan = Plan((Impl.BF16,) * 3, ("no calibrated FP8 GEMM on this GPU",) * 3)
     elif recipe == "auto" and (K == 0 or N == 0):
         # the op returns zeros without a GEMM: no cost to compare, and no FP8 to gain
-        plan = Plan((Gemm.BF16,) * 3, ("K or N is 0: nothing to multiply",) * 3)
+        plan = Plan((Impl.BF16,) * 3, ("K or N is 0: nothing to multiply",) * 3)
     elif recipe == "auto":
         plan = _auto(M, K, N, E, dense, device, timed, rounding, cached)
     else:
-        plan = Plan((Gemm(recipe),) * 3, (recipe,) * 3)
+        plan = Plan((Impl(recipe),) * 3, (recipe,) * 3)
     if wgrad == "bf16":
-        plan = Plan((*plan.recipes[:2], Gemm.BF16), (*plan.reasons[:2], "wgrad='bf16'"))
-    if mxfp8_fused:
-        plan = Plan(tuple(Gemm.MXFP8_FUSED if g is Gemm.MXFP8 else g for g in plan.recipes), plan.reasons)
+        plan = Plan((*plan.impls[:2], Impl.BF16), (*plan.reasons[:2], "wgrad='bf16'"))
     return plan

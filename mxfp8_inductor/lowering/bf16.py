@@ -1,5 +1,5 @@
-"""The bf16 GEMMs, in the recipe interface (lowering/ops.py): what `wgrad="bf16"` keeps, and what
-`recipe="auto"` picks for a GEMM that FP8 would make slower."""
+"""The bf16 GEMMs, in the `GemmImpl` interface (lowering/impls.py): what `wgrad="bf16"` keeps, and
+what `recipe="auto"` picks for a GEMM that FP8 would make slower."""
 
 from __future__ import annotations
 
@@ -12,31 +12,31 @@ def _bf16(*tensors: torch.Tensor) -> list[torch.Tensor]:
     return [t.to(OUT_DTYPE) for t in tensors]
 
 
-def forward(a_MK, b_EKN, offs, rounding, param, decomposing):
+def forward(a_MK, b_EKN, offs, spec, param, decomposing):
     a_MK, b_EKN = _bf16(a_MK, b_EKN)
     return torch._grouped_mm(a_MK, b_EKN, offs)
 
 
-def dgrad(grad_MN, b_EKN, offs, rounding, param, decomposing):
+def input_grad(grad_MN, b_EKN, offs, spec, param, decomposing):
     grad_MN, b_EKN = _bf16(grad_MN, b_EKN)
     return torch._grouped_mm(grad_MN, b_EKN.transpose(-2, -1), offs)
 
 
-def wgrad(grad_MN, a_MK, offs, rounding, decomposing):
+def weight_grad(grad_MN, a_MK, offs, spec, decomposing):
     grad_MN, a_MK = _bf16(grad_MN, a_MK)
     return torch._grouped_mm(a_MK.t(), grad_MN, offs)
 
 
-def dense_forward(x_MK, w_NK, rounding, param, decomposing):
+def dense_forward(x_MK, w_NK, spec, param, decomposing):
     x_MK, w_NK = _bf16(x_MK, w_NK)
     return torch.mm(x_MK, w_NK.t())
 
 
-def dense_dgrad(grad_MN, w_NK, rounding, param, decomposing):
+def dense_input_grad(grad_MN, w_NK, spec, param, decomposing):
     grad_MN, w_NK = _bf16(grad_MN, w_NK)
     return torch.mm(grad_MN, w_NK)
 
 
-def dense_wgrad(grad_MN, x_MK, rounding, decomposing):
+def dense_weight_grad(grad_MN, x_MK, spec, decomposing):
     grad_MN, x_MK = _bf16(grad_MN, x_MK)
     return torch.mm(grad_MN.t(), x_MK)

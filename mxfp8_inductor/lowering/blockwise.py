@@ -20,11 +20,11 @@ import functools
 
 import torch
 
-from .. import registry
+from .. import routes
 from ..kernels import blockwise
-from ..kernels.blockwise import TILE
-from ..registry import Route
-from . import weights
+from ..kernels.blockwise import SCALE_TILE
+from ..routes import Route
+from . import weight_cache
 from .library import define, define_cached_weight_gemm, define_fp8_grouped_mm
 
 blockwise_grouped_mm_op = define_fp8_grouped_mm("blockwise_grouped_mm", "blockwise_grouped_mm")
@@ -42,9 +42,9 @@ leading_grouped_mm_op = define(
 
 
 def _triton(device: torch.device) -> bool:
-    """Whether the GEMMs run in our Triton FP8 grouped GEMM (`registry.route`; blockwise's route
+    """Whether the GEMMs run in our Triton FP8 grouped GEMM (`routes.route`; blockwise's route
     depends on the device alone), else in the emulation."""
-    return registry.route("fp8_blockwise", device, TILE, TILE) == Route.BLOCKWISE_TRITON
+    return routes.route("fp8_blockwise", device, SCALE_TILE, SCALE_TILE) == Route.BLOCKWISE_TRITON
 
 
 def _for_route(x: torch.Tensor, *dims: int) -> torch.Tensor:
@@ -68,14 +68,14 @@ def _weight_operand(b_EKN: torch.Tensor, param: torch.Tensor | None, rounding: s
     from one quantization of the weight, reused under `param` (None: made for this GEMM)."""
     quantize = functools.partial(_quantize_weight, rounding=rounding)
     data_ENK, data_EKN, scales = (quantize(b_EKN) if param is None else
-                                  weights.quantized(b_EKN, param, ("fp8_blockwise", rounding), quantize))
+                                  weight_cache.quantized(b_EKN, param, ("fp8_blockwise", rounding), quantize))
     if dgrad:
         return data_EKN.transpose(-2, -1), scales.transpose(-2, -1)
     return data_ENK.transpose(-2, -1), scales
 
 
 def _times_weight(x_fp8, x_scales, w_fp8, w_scales, b_EKN, offs, dgrad):
-    """The 2d-3d GEMM by `registry.route`: x times the weight's operand for the forward (dgrad
+    """The 2d-3d GEMM by `routes.route`: x times the weight's operand for the forward (dgrad
     False) or the input gradient, whose contraction and output width are b's K and N or N and K."""
     if _triton(x_fp8.device):
         return blockwise_grouped_mm_op(x_fp8, w_fp8, x_scales, w_scales, offs)
@@ -106,21 +106,21 @@ def _weight_gemm(x_MC, b_EKN, offs, rounding, param, dgrad):
 
 
 # --------------------------------------------------------------------------------------------
-# The three GEMMs (see lowering/ops.py for the common interface); every path here decomposes
+# The three GEMMs (`impls.GemmImpl`); every path here decomposes
 
 
-def forward(a_MK, b_EKN, offs, rounding, param, decomposing):
-    return _weight_gemm(a_MK, b_EKN, offs, rounding, param, dgrad=False)
+def forward(a_MK, b_EKN, offs, spec, param, decomposing):
+    return _weight_gemm(a_MK, b_EKN, offs, spec.rounding, param, dgrad=False)
 
 
-def dgrad(grad_MN, b_EKN, offs, rounding, param, decomposing):
-    return _weight_gemm(grad_MN, b_EKN, offs, rounding, param, dgrad=True)
+def input_grad(grad_MN, b_EKN, offs, spec, param, decomposing):
+    return _weight_gemm(grad_MN, b_EKN, offs, spec.rounding, param, dgrad=True)
 
 
-def wgrad(grad_MN, a_MK, offs, rounding, decomposing):
+def weight_grad(grad_MN, a_MK, offs, spec, decomposing):
     """d b[E, K, N] = a^T @ grad per token group, both quantized in tiles of 128 tokens."""
-    a_fp8_KT, a_scales_TK, padded_offs = blockwise.quantize_groups(a_MK, offs, rounding)
-    g_fp8_NT, g_scales_TN, _ = blockwise.quantize_groups(grad_MN, offs, rounding)
+    a_fp8_KT, a_scales_TK, padded_offs = blockwise.quantize_groups(a_MK, offs, spec.rounding)
+    g_fp8_NT, g_scales_TN, _ = blockwise.quantize_groups(grad_MN, offs, spec.rounding)
     args = (a_fp8_KT, g_fp8_NT.t(), a_scales_TK, g_scales_TN, padded_offs)
     return blockwise_grouped_mm_op(*args) if _triton(a_MK.device) else blockwise.scaled_grouped_mm(*args)
 
@@ -128,13 +128,13 @@ def wgrad(grad_MN, a_MK, offs, rounding, decomposing):
 # Dense linears, out[M, N] = x[M, K] @ w[N, K]^T: the weight as a one-expert [1, K, N] view
 
 
-def dense_forward(x_MK, w_NK, rounding, param, decomposing):
-    return _weight_gemm(x_MK, w_NK.t()[None], None, rounding, param, dgrad=False)
+def dense_forward(x_MK, w_NK, spec, param, decomposing):
+    return _weight_gemm(x_MK, w_NK.t()[None], None, spec.rounding, param, dgrad=False)
 
 
-def dense_dgrad(grad_MN, w_NK, rounding, param, decomposing):
-    return _weight_gemm(grad_MN, w_NK.t()[None], None, rounding, param, dgrad=True)
+def dense_input_grad(grad_MN, w_NK, spec, param, decomposing):
+    return _weight_gemm(grad_MN, w_NK.t()[None], None, spec.rounding, param, dgrad=True)
 
 
-def dense_wgrad(grad_MN, x_MK, rounding, decomposing):
-    return wgrad(x_MK, grad_MN, _one_group(x_MK), rounding, decomposing)[0]
+def dense_weight_grad(grad_MN, x_MK, spec, decomposing):
+    return weight_grad(x_MK, grad_MN, _one_group(x_MK), spec, decomposing)[0]

@@ -52,7 +52,7 @@ def define_fp8_grouped_mm(name: str, kernel: str) -> torch._ops.OpOverload:
 def define_cached_weight_gemm(name: str, impl: Callable) -> torch._ops.OpOverload:
     """An op `name(x_fp8, x_scales, b, param, offs, rounding, dgrad)` -> [M, N] (N: b's K with
     dgrad): x times the weight's FP8 operand, reused under `param`'s version counter
-    (lowering/weights.py). Opaque, and given the parameter itself: the operand b it sees under
+    (lowering/weight_cache.py). Opaque, and given the parameter itself: the operand b it sees under
     Inductor is a reinterpreted view with a version counter of its own, and a reused operand
     returned from an op would be a buffer Inductor may reuse for another output, writing over it."""
 

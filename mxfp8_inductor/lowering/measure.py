@@ -2,7 +2,7 @@
 at the GEMM's shape, quantization included (docs/design.md, "recipe='auto'").
 
 Candidates are bf16 and every FP8 recipe that multiplies in FP8 on this device
-(`registry.FP8_MMA`): an emulated recipe multiplies in bf16 after its quantization, so it cannot
+(`routes.FP8_MMA`): an emulated recipe multiplies in bf16 after its quantization, so it cannot
 beat bf16 and is not timed. What is timed is the role's eager implementation (the recipe module's
 function with decomposing=False) on random operands of the GEMM's shape, in uniform token groups,
 the weight stored [E, N, K] as models store it; its quantization is made in every call, or with
@@ -25,12 +25,11 @@ import threading
 
 import torch
 
-from .. import registry
+from .. import routes
 from .._version import __version__
-from ..registry import Gemm
-from .recipe import RECIPES
+from ..spec import GemmSpec, Impl, Role
+from .impls import method
 
-ROLE_METHODS = {"forward": "forward", "input-grad": "dgrad", "weight-grad": "wgrad"}
 _lock = threading.Lock()
 _times: dict[str, float] | None = None  # the disk cache's content, loaded on first use
 
@@ -43,7 +42,7 @@ def measurable(device: torch.device | None) -> bool:
 
 def candidates(device: torch.device, K: int, N: int, tokens_per_group: float | None) -> list[str]:
     """bf16 and the FP8 recipes whose GEMMs on `device` multiply in FP8 at this shape."""
-    fp8 = [r for r in ("fp8_rowwise", "mxfp8") if registry.route(r, device, K, N, tokens_per_group) in registry.FP8_MMA]
+    fp8 = [r for r in ("fp8_rowwise", "mxfp8") if routes.route(r, device, K, N, tokens_per_group) in routes.FP8_MMA]
     return ["bf16", *fp8]
 
 
@@ -110,7 +109,7 @@ def _bench(fn) -> float:
 
 
 def _operands(role: str, M: int, K: int, N: int, E: int, dense: bool, cached: bool, device: torch.device):
-    """Random operands of one role's call, as the op makes it (lowering/ops.py)."""
+    """Random operands of one role's call, as the op makes it (lowering/dispatch.py)."""
     x_MK = torch.randn(M, K, device=device, dtype=torch.bfloat16)
     grad_MN = torch.randn(M, N, device=device, dtype=torch.bfloat16)
     if dense:
@@ -147,11 +146,12 @@ def _time(recipe: str, role: str, M: int, K: int, N: int, E: int, dense: bool, r
           device: torch.device) -> float:
     from torch.utils._python_dispatch import _disable_current_modes
 
-    method = getattr(RECIPES[Gemm(recipe)], ("dense_" if dense else "") + ROLE_METHODS[role])
+    spec = GemmSpec(Role(role), Impl(recipe), rounding, reuse_weight=cached and role != Role.WEIGHT_GRAD, dense=dense)
+    gemm = method(spec)
     # the pass runs while a graph is traced: real tensors, no fake or proxy modes, no autograd
     on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     with _disable_current_modes(), torch.no_grad(), on_device:
         args = _operands(role, M, K, N, E, dense, cached, device)
-        # (operands, rounding, decomposing), with the weight's parameter after rounding
-        call = (*args, rounding, False) if role == "weight-grad" else (*args[:-1], rounding, args[-1], False)
-        return _bench(lambda: method(*call))
+        # (operands, spec, decomposing), with the weight's parameter after the spec
+        call = (*args, spec, False) if spec.role is Role.WEIGHT_GRAD else (*args[:-1], spec, args[-1], False)
+        return _bench(lambda: gemm(*call))

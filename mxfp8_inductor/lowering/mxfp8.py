@@ -3,10 +3,10 @@
   native     compute capability 10.x, K and N multiples of 128: float8 operands + blocked e8m0
              scales into `torch._scaled_grouped_mm` (never on 9.x: that call corrupts the CUDA
              context there);
-  fused      any CUDA GPU, with `fused` (the GEMM `registry.Gemm.MXFP8_FUSED`, opted into by
-             `MXFP8Config.mxfp8_fused`): Triton grouped GEMMs that quantize their bf16 operands
-             in registers as they load them (`kernels/triton_mx_gemm.py`), into the MXFP8 MMA
-             (`tl.dot_scaled`) on 10.x and a bf16 dot of the MXFP8 values elsewhere;
+  fused      any CUDA GPU, with the spec's `fused` (opted into by `MXFP8Config.mxfp8_fused`): Triton
+             grouped GEMMs that quantize their bf16 operands in registers as they load them
+             (`kernels/triton_mx_gemm.py`), into the MXFP8 MMA (`tl.dot_scaled`) on 10.x and a
+             bf16 dot of the MXFP8 values elsewhere;
   emulated   other CUDA GPUs: Triton quantize-dequantize (exact MXFP8 values, which bf16 holds
              exactly) feeding the bf16 `torch._grouped_mm`;
   reference  CPU: the same emulation with the pure-torch reference.
@@ -18,13 +18,13 @@ from __future__ import annotations
 import torch
 
 from ..kernels.mx import implementation
-from ..registry import Route, has_mxfp8_mma, route
-from . import weights
+from ..routes import Route, has_mxfp8_mma, route
+from . import weight_cache
 from .library import OUT_DTYPE, define, like
 
 
 def gemm_path(device: torch.device, K: int, N: int, fused: bool = False) -> Route:
-    """Which implementation runs a GEMM with contraction K and output width N (`registry.route`).
+    """Which implementation runs a GEMM with contraction K and output width N (`routes.route`).
     The fused kernels are slower than the separate path on the H200 (docs/performance.md, "Fused
     grouped GEMMs") and unmeasured on 10.x: opt-in, for GPUs and Triton versions where they win."""
     return route("mxfp8", device, K, N, fused=fused)
@@ -37,7 +37,7 @@ def gemm_path(device: torch.device, K: int, N: int, fused: bool = False) -> Rout
 
 def native_forward_args(kern, a_MK, b_EKN, offs, rounding, param=None):
     a_fp8, a_scales = kern.quantize_rows_blocked(a_MK, offs, rounding)
-    w_fp8_ENK, w_scales = weights.quantized(
+    w_fp8_ENK, w_scales = weight_cache.quantized(
         b_EKN, param, ("mxfp8", rounding, "forward"),
         lambda b: kern.quantize_weight_blocked(b.transpose(-2, -1), rounding))
     return a_fp8, w_fp8_ENK.transpose(-2, -1), a_scales, w_scales, offs
@@ -45,7 +45,7 @@ def native_forward_args(kern, a_MK, b_EKN, offs, rounding, param=None):
 
 def native_dgrad_args(kern, grad_MN, b_EKN, offs, rounding, param=None):
     g_fp8, g_scales = kern.quantize_rows_blocked(grad_MN, offs, rounding)
-    w_fp8_EKN, w_scales = weights.quantized(b_EKN, param, ("mxfp8", rounding, "dgrad"),
+    w_fp8_EKN, w_scales = weight_cache.quantized(b_EKN, param, ("mxfp8", rounding, "dgrad"),
                                             lambda b: kern.quantize_weight_blocked(b, rounding))
     return g_fp8, w_fp8_EKN.transpose(-2, -1), g_scales, w_scales, offs
 
@@ -144,12 +144,13 @@ def _weight_gemm(x_MC, b_EKN, offs, rounding, dgrad):
 
 
 # --------------------------------------------------------------------------------------------
-# The three GEMMs (see lowering/ops.py for the common interface)
+# The three GEMMs (`impls.GemmImpl`)
 
 
-def forward(a_MK, b_EKN, offs, rounding, param, decomposing, fused=False):
+def forward(a_MK, b_EKN, offs, spec, param, decomposing):
     K, N = b_EKN.shape[-2:]
-    path = gemm_path(a_MK.device, K, N, fused)
+    rounding = spec.rounding
+    path = gemm_path(a_MK.device, K, N, spec.fused)
     if path == Route.MXFP8_NATIVE:
         if decomposing:  # keep the op: its native path is not decomposed
             return NotImplemented
@@ -159,9 +160,10 @@ def forward(a_MK, b_EKN, offs, rounding, param, decomposing, fused=False):
     return _weight_gemm(a_MK, b_EKN, offs, rounding, dgrad=False)
 
 
-def dgrad(grad_MN, b_EKN, offs, rounding, param, decomposing, fused=False):
+def input_grad(grad_MN, b_EKN, offs, spec, param, decomposing):
     K, N = b_EKN.shape[-2:]
-    path = gemm_path(grad_MN.device, N, K, fused)
+    rounding = spec.rounding
+    path = gemm_path(grad_MN.device, N, K, spec.fused)
     if path == Route.MXFP8_NATIVE:
         if decomposing:
             return NotImplemented
@@ -172,9 +174,10 @@ def dgrad(grad_MN, b_EKN, offs, rounding, param, decomposing, fused=False):
     return _weight_gemm(grad_MN, b_EKN, offs, rounding, dgrad=True)
 
 
-def wgrad(grad_MN, a_MK, offs, rounding, decomposing, fused=False):
+def weight_grad(grad_MN, a_MK, offs, spec, decomposing):
     K, N = a_MK.shape[1], grad_MN.shape[1]
-    path = gemm_path(a_MK.device, K, N, fused)
+    rounding = spec.rounding
+    path = gemm_path(a_MK.device, K, N, spec.fused)
     if path == Route.MXFP8_NATIVE:
         if decomposing:
             return NotImplemented
@@ -200,29 +203,29 @@ def _one_group(x_MK: torch.Tensor) -> torch.Tensor:
     return torch.full((1,), x_MK.shape[0], dtype=torch.int32, device=x_MK.device)
 
 
-def dense_forward(x_MK, w_NK, rounding, param, decomposing):
+def dense_forward(x_MK, w_NK, spec, param, decomposing):
     b_EKN = w_NK.t()[None]
     if gemm_path(x_MK.device, *b_EKN.shape[-2:]) == Route.MXFP8_NATIVE:
-        return forward(x_MK, b_EKN, _one_group(x_MK), rounding, param, decomposing)
-    return _weight_gemm(x_MK, b_EKN, None, rounding, dgrad=False)
+        return forward(x_MK, b_EKN, _one_group(x_MK), spec, param, decomposing)
+    return _weight_gemm(x_MK, b_EKN, None, spec.rounding, dgrad=False)
 
 
-def dense_dgrad(grad_MN, w_NK, rounding, param, decomposing):
+def dense_input_grad(grad_MN, w_NK, spec, param, decomposing):
     b_EKN = w_NK.t()[None]
     K, N = b_EKN.shape[-2:]
     if gemm_path(grad_MN.device, N, K) == Route.MXFP8_NATIVE:
-        return dgrad(grad_MN, b_EKN, _one_group(grad_MN), rounding, param, decomposing)
-    return _weight_gemm(grad_MN, b_EKN, None, rounding, dgrad=True)
+        return input_grad(grad_MN, b_EKN, _one_group(grad_MN), spec, param, decomposing)
+    return _weight_gemm(grad_MN, b_EKN, None, spec.rounding, dgrad=True)
 
 
-def dense_wgrad(grad_MN, x_MK, rounding, decomposing):
+def dense_weight_grad(grad_MN, x_MK, spec, decomposing):
     # blocks along the tokens: one group of all M rows, whose last block may be short
     ends = _one_group(x_MK)
     if gemm_path(x_MK.device, grad_MN.shape[1], x_MK.shape[1]) == Route.MXFP8_NATIVE:
         # the weight gradient is symmetric in its operands: x as the "gradient" gives [1, N, K],
         # the weight's own layout, contiguous as the op's fake promises
-        dw_1NK = wgrad(x_MK, grad_MN, ends, rounding, decomposing)
+        dw_1NK = weight_grad(x_MK, grad_MN, ends, spec, decomposing)
         return dw_1NK if dw_1NK is NotImplemented else dw_1NK[0]
-    g_q = quantize_dequantize_groups_op(grad_MN, ends, rounding)
-    x_q = quantize_dequantize_groups_op(x_MK, ends, rounding)
+    g_q = quantize_dequantize_groups_op(grad_MN, ends, spec.rounding)
+    x_q = quantize_dequantize_groups_op(x_MK, ends, spec.rounding)
     return torch.mm(g_q.t(), x_q)

@@ -12,10 +12,10 @@ import types
 
 import torch
 
-from .. import registry
+from .. import routes
 from ..kernels import rowwise
-from ..registry import Route
-from . import weights
+from ..routes import Route
+from . import weight_cache
 from .library import OUT_DTYPE, define, define_cached_weight_gemm, define_fp8_grouped_mm
 
 
@@ -61,9 +61,9 @@ fp8_grouped_mm_op = define_fp8_grouped_mm("fp8_grouped_mm", "scaled_grouped_mm")
 
 def _gemm(a, b, scale_a, scale_b, offs, tokens_per_group) -> torch.Tensor:
     """The FP8 grouped GEMM (2d-3d forward and input gradient, 2d-2d weight gradient) by
-    `registry.route`."""
+    `routes.route`."""
     K, N = a.shape[1] if b.dim() == 3 else a.shape[0], b.shape[-1]
-    path = registry.route("fp8_rowwise", a.device, K, N, tokens_per_group)
+    path = routes.route("fp8_rowwise", a.device, K, N, tokens_per_group)
     if path == Route.ROWWISE_EMULATED:
         return rowwise.scaled_grouped_mm(a, b, scale_a, scale_b, offs)
     if path == Route.ROWWISE_TRITON:
@@ -75,7 +75,7 @@ def _weight_operand(b_EKN: torch.Tensor, param: torch.Tensor, rounding: str, dgr
     """The weight's FP8 operand and scales for the forward ([E, K, N] view, scales [E, N]) or
     the input gradient ([E, N, K] view, scales [E, K]); both come from one quantization of the
     weight, which the cache keeps for the other role and the next microbatches."""
-    data_ENK, scales_EN, data_EKN, scales_EK = weights.quantized(
+    data_ENK, scales_EN, data_EKN, scales_EK = weight_cache.quantized(
         b_EKN, param, ("fp8_rowwise", rounding), lambda b: quantizers(b.device).quantize_weight(b, rounding))
     return (data_EKN.transpose(-2, -1), scales_EK) if dgrad else (data_ENK.transpose(-2, -1), scales_EN)
 
@@ -89,7 +89,7 @@ def _grouped_or_dense(x_fp8, w_fp8, w_scales, x_scales, offs):
 
 def _cached_weight_gemm(x_fp8, x_scales, b_EKN, param, offs, rounding, dgrad):
     """x_fp8 [M, C] times the FP8 weight operand, reused under `param`'s version counter
-    (lowering/weights.py): grouped when offs is given, else dense (b_EKN then [1, K, N], a dense
+    (lowering/weight_cache.py): grouped when offs is given, else dense (b_EKN then [1, K, N], a dense
     weight's transposed view)."""
     return _grouped_or_dense(x_fp8, *_weight_operand(b_EKN, param, rounding, dgrad), x_scales, offs)
 
@@ -110,20 +110,20 @@ def _weight_gemm(x_MC, b_EKN, offs, rounding, param, dgrad, decomposing):
 
 
 # --------------------------------------------------------------------------------------------
-# The three GEMMs (see lowering/ops.py for the common interface); every path here decomposes
+# The three GEMMs (`impls.GemmImpl`); every path here decomposes
 
 
-def forward(a_MK, b_EKN, offs, rounding, param, decomposing):
-    return _weight_gemm(a_MK, b_EKN, offs, rounding, param, dgrad=False, decomposing=decomposing)
+def forward(a_MK, b_EKN, offs, spec, param, decomposing):
+    return _weight_gemm(a_MK, b_EKN, offs, spec.rounding, param, dgrad=False, decomposing=decomposing)
 
 
-def dgrad(grad_MN, b_EKN, offs, rounding, param, decomposing):
-    return _weight_gemm(grad_MN, b_EKN, offs, rounding, param, dgrad=True, decomposing=decomposing)
+def input_grad(grad_MN, b_EKN, offs, spec, param, decomposing):
+    return _weight_gemm(grad_MN, b_EKN, offs, spec.rounding, param, dgrad=True, decomposing=decomposing)
 
 
-def wgrad(grad_MN, a_MK, offs, rounding, decomposing):
-    a_fp8_KMp, a_scales_GK, padded_offs = quantize_groups_rowwise_op(a_MK, offs, rounding)
-    g_fp8_NMp, g_scales_GN, _ = quantize_groups_rowwise_op(grad_MN, offs, rounding)
+def weight_grad(grad_MN, a_MK, offs, spec, decomposing):
+    a_fp8_KMp, a_scales_GK, padded_offs = quantize_groups_rowwise_op(a_MK, offs, spec.rounding)
+    g_fp8_NMp, g_scales_GN, _ = quantize_groups_rowwise_op(grad_MN, offs, spec.rounding)
     return _gemm(a_fp8_KMp, g_fp8_NMp.t(), a_scales_GK.reshape(-1), g_scales_GN.reshape(-1),
                  padded_offs, a_MK.shape[0] / max(offs.numel(), 1))
 
@@ -136,23 +136,24 @@ def wgrad(grad_MN, a_MK, offs, rounding, decomposing):
 def _mm(a_MK, b_KN, scale_M, scale_N) -> torch.Tensor:
     """a [M, K] row-major float8 times b [K, N] column-major float8 with one scale per row of a
     and per column of b, bf16 out."""
-    if registry.route("fp8_rowwise", a_MK.device, *b_KN.shape) == Route.ROWWISE_TORCH:
+    if routes.route("fp8_rowwise", a_MK.device, *b_KN.shape) == Route.ROWWISE_TORCH:
         return torch._scaled_mm(a_MK, b_KN, scale_a=scale_M[:, None], scale_b=scale_N[None, :], out_dtype=OUT_DTYPE)
     a = (a_MK.float() * scale_M[:, None]).to(OUT_DTYPE)
     b = (b_KN.float() * scale_N[None, :]).to(OUT_DTYPE)
     return torch.mm(a, b)
 
 
-def dense_forward(x_MK, w_NK, rounding, param, decomposing):
-    return _weight_gemm(x_MK, w_NK.t()[None], None, rounding, param, dgrad=False, decomposing=decomposing)
+def dense_forward(x_MK, w_NK, spec, param, decomposing):
+    return _weight_gemm(x_MK, w_NK.t()[None], None, spec.rounding, param, dgrad=False, decomposing=decomposing)
 
 
-def dense_dgrad(grad_MN, w_NK, rounding, param, decomposing):
-    return _weight_gemm(grad_MN, w_NK.t()[None], None, rounding, param, dgrad=True, decomposing=decomposing)
+def dense_input_grad(grad_MN, w_NK, spec, param, decomposing):
+    return _weight_gemm(grad_MN, w_NK.t()[None], None, spec.rounding, param, dgrad=True, decomposing=decomposing)
 
 
-def dense_wgrad(grad_MN, x_MK, rounding, decomposing):
-    if registry.route("fp8_rowwise", x_MK.device, x_MK.shape[0], grad_MN.shape[1]) == Route.ROWWISE_TORCH:
+def dense_weight_grad(grad_MN, x_MK, spec, decomposing):
+    rounding = spec.rounding
+    if routes.route("fp8_rowwise", x_MK.device, x_MK.shape[0], grad_MN.shape[1]) == Route.ROWWISE_TORCH:
         # torch's FP8 GEMM takes a contraction (here the tokens) in multiples of 16; zero rows
         # change no scale and add nothing
         pad = -x_MK.shape[0] % rowwise.ALIGN

@@ -13,10 +13,9 @@ Before (a routed-experts block as Dynamo captures it; the weight is a transposed
 After (one op per site; its backward computes the other two GEMMs, each in its own recipe):
 
     h_MN = torch.ops.mxfp8.grouped_mm(x_MK, w1_EKN, offs_E,
-                                      "mxfp8", "mxfp8", "mxfp8",   # forward, input grad, weight grad
-                                      "rceil",                     # rounding
-                                      None)                        # the parameter keying reuse of
-                                                                   # w1's quantization (weight_cache)
+                                      "mxfp8:rceil", "mxfp8:rceil", "mxfp8:rceil",  # GemmSpecs: forward,
+                                                                                    # input grad, weight grad
+                                      None)   # the parameter keying reuse of w1's quantization (weight_cache)
 """
 
 from __future__ import annotations
@@ -31,10 +30,12 @@ from torch._dynamo.utils import counters
 from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
 from .._warn import warn
-from ..lowering.auto import ROLES, Plan, plan_for
-from ..lowering.ops import linear_body, register_decompositions
 from ..eligibility import static_dim
+from ..lowering.auto import Plan, plan_for
+from ..lowering.eager import linear_body
+from ..lowering.ops import register_decompositions
 from ..options import MXFP8Config
+from ..spec import ROLES, Impl, op_args, site_specs
 from .sites import Site, _val, find_sites
 
 log = logging.getLogger("mxfp8_inductor")
@@ -56,9 +57,9 @@ class SiteReport:
     action: str  # "rewritten", "excluded", "skipped", "kept bf16" or "not computed"
     reason: str
     node: str
-    # what the GEMM runs in: a `registry.Gemm` value ("mxfp8", "fp8_rowwise", "bf16", or chosen
-    # per call: "per_call", "per_call_timed"), or "-" (not run)
-    recipe: str
+    # what the GEMM runs: a `spec.Impl` value ("mxfp8", "fp8_rowwise", "fp8_blockwise", "bf16", or
+    # chosen per call: "per_call", "per_call_timed"), or "-" (not run)
+    impl: str
 
 
 def _static(n) -> int | None:
@@ -77,11 +78,10 @@ def plan(site: Site, config: MXFP8Config) -> Plan:
         E, K, N = (static_dim(n) for n in b.shape)
         M = _static(a.shape[0])
     return plan_for(config.recipe, config.wgrad, M=M, K=K, N=N, E=E, dense=site.dense, device=b.device,
-                    autotune=config.autotune, rounding=config.rounding, cached=config.weight_cache,
-                    mxfp8_fused=config.mxfp8_fused)
+                    autotune=config.autotune, rounding=config.rounding, cached=config.weight_cache)
 
 
-def _replace(site: Site, config: MXFP8Config, recipes: tuple[str, str, str],
+def _replace(site: Site, config: MXFP8Config, impls: tuple[Impl, Impl, Impl],
              replaced: dict[torch.fx.Node, torch.fx.Node]) -> str:
     """Put the op in the site's place; `replaced` maps the nodes of sites replaced before to their
     ops, as a site's operands were recorded before (a grouped matmul fed by another)."""
@@ -93,8 +93,10 @@ def _replace(site: Site, config: MXFP8Config, recipes: tuple[str, str, str],
         target = linear_body if site.dense else torch.ops.mxfp8.grouped_mm.default
         # with fsdp_fp8_all_gather the op rounds the weight once for both GEMMs, as the FP8
         # all-gather delivers it (kernels/shared_weight.py)
-        shared = (True,) if config.fsdp_fp8_all_gather and not site.dense else ()
-        new = gm.graph.call_function(target, (*operands, *recipes, config.rounding, param, *shared))
+        specs = site_specs(impls, rounding=config.rounding, reuse_weight=param is not None,
+                           shared_weight=config.fsdp_fp8_all_gather and not site.dense, fused=config.mxfp8_fused,
+                           dense=site.dense)
+        new = gm.graph.call_function(target, (*operands, *op_args(specs), param))
     new.meta.update(node.meta)
     node.replace_all_uses_with(new)
     gm.graph.erase_node(node)
@@ -117,7 +119,7 @@ def _rows(site: Site, node_name: str, action: str, reason: str, config: MXFP8Con
     rows = []
     for i, role in enumerate(ROLES):
         act, why = action, reason
-        if site_plan is not None and config.recipe == "auto" and site_plan.recipes[i] != "bf16":
+        if site_plan is not None and config.recipe == "auto" and site_plan.impls[i] != Impl.BF16:
             why = f"{reason}; {site_plan.reasons[i]}"
         if action == "rewritten" and role != "forward" and not _needs_grad(site.node):
             act, why = "not computed", "the output needs no gradient (grad mode off, or no input requires one)"
@@ -125,13 +127,13 @@ def _rows(site: Site, node_name: str, action: str, reason: str, config: MXFP8Con
             act, why = "not computed", "the tokens need no gradient"
         elif action == "rewritten" and role == "weight-grad" and not _needs_grad(site.b):
             act, why = "not computed", "the weight needs no gradient"
-        elif action == "rewritten" and site_plan is not None and site_plan.recipes[i] == "bf16":
+        elif action == "rewritten" and site_plan is not None and site_plan.impls[i] == Impl.BF16:
             act, why = "kept bf16", site_plan.reasons[i]
         elif action == "rewritten" and role != "weight-grad" and config.fsdp_fp8_all_gather and not site.dense:
             block = SHARED_BLOCK[config.recipe]
             why = f"{reason}; weight rounded once for both its GEMMs ({block}, fsdp_fp8_all_gather)"
-        recipe = site_plan.recipes[i].value if act == "rewritten" else "-" if act == "not computed" else "bf16"
-        rows.append(SiteReport(site.module_fqn, site.weight_fqn, role, act, why, node_name, recipe))
+        impl = site_plan.impls[i].value if act == "rewritten" else "-" if act == "not computed" else "bf16"
+        rows.append(SiteReport(site.module_fqn, site.weight_fqn, role.value, act, why, node_name, impl))
     return rows
 
 
@@ -140,7 +142,7 @@ def decide(config: MXFP8Config, module_fqn: str | None, weight_fqn: str | None, 
     """Whether a site that passes its checks is rewritten, and why: the include/exclude rule, then
     the two defaults names cannot express (an output projection stays bf16 unless included by
     name; a module `filter_fn` refused stays bf16)."""
-    ok, reason = config.decide(module_fqn, weight_fqn, dense)
+    ok, reason = config.matches(module_fqn, weight_fqn, dense)
     if ok and output_projection and not reason.startswith("included by"):
         return False, "kept bf16 by default (output projection: it computes the logits)"
     if ok and filtered:
@@ -200,10 +202,10 @@ def rewrite(gm: torch.fx.GraphModule, config: MXFP8Config | None) -> list[SiteRe
         action, reason = _action(site, cfg)
         site_plan = plan(site, cfg) if action == "rewritten" else None
         name = site.node.name
-        if site_plan is None or site_plan.recipes == ("bf16",) * 3:  # auto may find FP8 slower for all three
+        if site_plan is None or site_plan.impls == (Impl.BF16,) * 3:  # auto may find FP8 slower for all three
             site.node.meta[DECIDED] = True
         else:
-            name = _replace(site, cfg, site_plan.op_args(), replaced)
+            name = _replace(site, cfg, site_plan.impls, replaced)
             touched[id(site.gm)] = site.gm
         rows += _rows(site, name, action, reason, cfg, site_plan)
     for module in touched.values():
@@ -211,6 +213,6 @@ def rewrite(gm: torch.fx.GraphModule, config: MXFP8Config | None) -> list[SiteRe
         module.recompile()
     for r in rows:
         counters["inductor"][f"mxfp8_{r.role}_{r.action}".replace(" ", "_").replace("-", "_")] += 1
-        log.info("mxfp8: %s %s in %s, %s (%s): %s", r.role, r.action, r.recipe, r.weight_fqn or r.module_fqn, r.node,
+        log.info("mxfp8: %s %s in %s, %s (%s): %s", r.role, r.action, r.impl, r.weight_fqn or r.module_fqn, r.node,
                  r.reason)
     return rows

@@ -8,7 +8,7 @@ import torch
 from models import MoEModel
 
 import mxfp8_inductor as mx
-from mxfp8_inductor.lowering import auto
+from mxfp8_inductor.lowering import auto, dispatch
 
 
 def _table(forward: float, dgrad: float, wgrad: float) -> dict:
@@ -48,12 +48,12 @@ def test_interpolation_is_linear_in_log_tokens_and_flat_past_the_ends():
 def test_each_role_takes_fp8_only_where_it_is_faster_by_the_margin(table):
     table(0.5, 1 - auto.MARGIN / 2, 1.2)
     plan = auto.plan_for("auto", "quantized", M=256, K=64, N=128, E=8, dense=False)
-    assert plan.recipes == ("fp8_rowwise", "bf16", "bf16")
+    assert plan.impls == ("fp8_rowwise", "bf16", "bf16")
     assert "2.00x bf16 at 32 tokens per group" in plan.reasons[0]
     assert "fp8_rowwise 1.02x" in plan.reasons[1] and "mxfp8 0.67x" in plan.reasons[1]
     assert auto.plan_for("auto", "bf16", M=256, K=64, N=128, E=8, dense=False).reasons[2] == "wgrad='bf16'"
     unknown = auto.plan_for("auto", "quantized", M=None, K=64, N=128, E=8, dense=False)
-    assert unknown.recipes == ("per_call",) * 3 and "chosen per call" in unknown.reasons[0]
+    assert unknown.impls == ("per_call",) * 3 and "chosen per call" in unknown.reasons[0]
     # mxfp8 needs K and N in blocks of 32: a K of 48 leaves fp8_rowwise only
     table(1.5, 1.5, 1.5)
     assert "mxfp8" not in auto.plan_for("auto", "quantized", M=256, K=48, N=128, E=8, dense=False).reasons[0]
@@ -73,7 +73,7 @@ def test_an_empty_k_or_n_is_bf16_with_nothing_to_multiply(timed, K, N, dense):
 def test_fixed_recipes_ignore_the_table(table):
     table(9.0, 9.0, 9.0)
     plan = auto.plan_for("mxfp8", "quantized", M=4, K=64, N=128, E=8, dense=False)
-    assert plan.recipes == ("mxfp8",) * 3
+    assert plan.impls == ("mxfp8",) * 3
 
 
 def _explain_auto() -> tuple[mx.Report, str]:
@@ -87,11 +87,11 @@ def _explain_auto() -> tuple[mx.Report, str]:
 def test_pass_puts_each_roles_choice_in_the_op_and_the_report(table):
     table(0.5, 0.8, 1.3)
     report, code = _explain_auto()
-    assert code.count("'fp8_rowwise', 'fp8_rowwise', 'bf16', 'rceil'") == 3
+    assert code.count("'fp8_rowwise:rceil', 'fp8_rowwise:rceil', 'bf16:rceil'") == 3
     actions = {(s.role, s.action) for s in report.sites}
     assert actions == {("forward", "rewritten"), ("input-grad", "rewritten"), ("weight-grad", "kept bf16")}
     assert all("at 8 tokens per group (H200 table)" in s.reason for s in report.sites)
-    assert {(s.role, s.recipe) for s in report.sites} == {
+    assert {(s.role, s.impl) for s in report.sites} == {
         ("forward", "fp8_rowwise"), ("input-grad", "fp8_rowwise"), ("weight-grad", "bf16")}
 
 
@@ -142,9 +142,9 @@ def test_only_cuda_hopper_and_cpu_use_the_h200_table(table, monkeypatch, hip, ca
     monkeypatch.setattr(torch.version, "hip", hip)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     plan = auto.plan_for("auto", "quantized", M=256, K=64, N=128, E=8, dense=False, device=torch.device("cuda"))
-    assert plan.recipes == (("fp8_rowwise",) * 3 if uses_table else ("bf16",) * 3), plan
+    assert plan.impls == (("fp8_rowwise",) * 3 if uses_table else ("bf16",) * 3), plan
     on_cpu = auto.plan_for("auto", "quantized", M=256, K=64, N=128, E=8, dense=False, device=torch.device("cpu"))
-    assert on_cpu.recipes == ("fp8_rowwise",) * 3
+    assert on_cpu.impls == ("fp8_rowwise",) * 3
 
 
 class _Experts(torch.nn.Module):
@@ -184,8 +184,8 @@ def test_a_dynamic_token_count_is_chosen_per_call(monkeypatch):
     x = torch.randn(8, 64, dtype=torch.bfloat16, requires_grad=True)
     torch._dynamo.mark_dynamic(x, 0)
     report = mx.explain(model, x, torch.arange(1, 5, dtype=torch.int32) * 2, options={"recipe": "auto"})
-    assert "'per_call', 'per_call', 'per_call'" in "".join(report.graphs)
-    assert {(s.recipe, s.action) for s in report.sites} == {("per_call", "rewritten")}
+    assert "'per_call:rceil', 'per_call:rceil', 'per_call:rceil'" in "".join(report.graphs)
+    assert {(s.impl, s.action) for s in report.sites} == {("per_call", "rewritten")}
     assert all("token count dynamic at compile time: chosen per call" in s.reason for s in report.sites)
 
 
@@ -206,13 +206,13 @@ class _Bench:
 def timed(monkeypatch, tmp_path):
     """Measurement on CPU: bf16 and fp8_rowwise timed by a `_Bench` of the given times, their
     disk cache in tmp_path, nothing kept from other tests."""
-    from mxfp8_inductor.lowering import measure, ops
+    from mxfp8_inductor.lowering import measure
 
     monkeypatch.setattr(measure, "measurable", lambda device: device is not None)
     monkeypatch.setattr(measure, "candidates", lambda device, K, N, tokens: ["bf16", "fp8_rowwise"])
     monkeypatch.setattr(measure, "_path", lambda: tmp_path / "gemm_times.json")
     monkeypatch.setattr(measure, "_times", None)
-    monkeypatch.setattr(ops, "_CHOICES", {})
+    monkeypatch.setattr(dispatch, "_CHOICES", {})
 
     def use(ms: list[float]) -> _Bench:
         bench = _Bench(ms)
@@ -231,7 +231,7 @@ def test_autotune_times_each_role_and_takes_fp8_where_faster_by_the_margin(timed
     bench = timed([1.0, 0.5, 1.0, 1 - auto.MARGIN / 2, 1.0, 1.2])
     kw = dict(M=64, K=64, N=128, E=4, dense=False, device=CPU, autotune=True)
     plan = auto.plan_for("auto", "quantized", **kw)
-    assert plan.recipes == ("fp8_rowwise", "bf16", "bf16")
+    assert plan.impls == ("fp8_rowwise", "bf16", "bf16")
     assert plan.reasons[0] == ("fp8_rowwise 2.00x bf16 (bf16 1.000 ms, fp8_rowwise 0.500 ms) at 16 tokens per "
                                "group, timed on cpu")
     assert plan.reasons[2].startswith("bf16: bf16 1.000 ms, fp8_rowwise 1.200 ms")
@@ -256,7 +256,7 @@ def test_measured_times_are_kept_on_disk_per_gemm_and_weight_cache(timed, tmp_pa
     (tmp_path / "gemm_times.json").write_text("{torn")  # another process's torn write: timed again
     measure._times = None
     bench = timed([1.0, 2.0] * 3)
-    assert auto.plan_for("auto", "quantized", **kw).recipes == ("bf16",) * 3 and len(bench.shapes) == 6
+    assert auto.plan_for("auto", "quantized", **kw).impls == ("bf16",) * 3 and len(bench.shapes) == 6
 
 
 def test_times_on_disk_that_are_not_finite_positive_numbers_are_timed_again(timed, tmp_path):
@@ -274,7 +274,7 @@ def test_times_on_disk_that_are_not_finite_positive_numbers_are_timed_again(time
     path.write_text(json.dumps(dict(zip(keys, bad))))
     measure._times = None
     bench = timed([1.0, 2.0] * 3)
-    assert auto.plan_for("auto", "quantized", **kw).recipes == ("bf16",) * 3 and len(bench.shapes) == 6
+    assert auto.plan_for("auto", "quantized", **kw).impls == ("bf16",) * 3 and len(bench.shapes) == 6
     assert sorted(json.loads(path.read_text()).values()) == [1.0] * 3 + [2.0] * 3
 
 
@@ -283,20 +283,20 @@ def test_autotune_reports_times_in_explain_and_defers_a_dynamic_token_count(time
     times the call's tokens per group rounded to a power of two once per bucket."""
     timed([1.0, 0.5, 1.0, 2.0, 1.0, 2.0] * 3)  # per distinct GEMM shape
     report, code = _explain_auto()
-    assert code.count("'fp8_rowwise', 'bf16', 'bf16', 'rceil'") == 3
+    assert code.count("'fp8_rowwise:rceil', 'bf16:rceil', 'bf16:rceil'") == 3
     rewritten = [s for s in report.sites if s.action == "rewritten"]
     assert rewritten and all("ms) at 8 tokens per group, timed on cpu" in s.reason for s in rewritten)
     model = _Experts()
     x = torch.randn(8, 64, dtype=torch.bfloat16, requires_grad=True)
     torch._dynamo.mark_dynamic(x, 0)
     report = mx.explain(model, x, torch.arange(1, 5, dtype=torch.int32) * 2, options={"recipe": "auto"})
-    assert "'per_call_timed', 'per_call_timed', 'per_call_timed'" in "".join(report.graphs)
+    assert "'per_call_timed:rceil', 'per_call_timed:rceil', 'per_call_timed:rceil'" in "".join(report.graphs)
     bench = timed([1.0, 0.5, 1.0, 2.0, 1.0, 2.0])
     w = model.w.detach()
     for M in (96, 100):  # 24 and 25 tokens per group: both timed at 32, once
         x = torch.randn(M, 64, dtype=torch.bfloat16)
         offs = torch.tensor([M // 4, M // 2, 3 * M // 4, M], dtype=torch.int32)
-        got = torch.ops.mxfp8.grouped_mm(x, w.transpose(-2, -1), offs, *("per_call_timed",) * 3, "rceil", None)
+        got = torch.ops.mxfp8.grouped_mm(x, w.transpose(-2, -1), offs, *("per_call_timed:rceil",) * 3, None)
         want = mx.grouped_mm(x, w.transpose(-2, -1), offs, recipe="fp8_rowwise")
         assert torch.equal(got, want)
     assert bench.shapes[:2] == [(128, 128)] * 2 and len(bench.shapes) == 6
@@ -305,10 +305,10 @@ def test_autotune_reports_times_in_explain_and_defers_a_dynamic_token_count(time
 @pytest.mark.parametrize("major, timed", [(9, ["bf16", "fp8_rowwise"]), (10, ["bf16", "mxfp8"]), (8, ["bf16"])])
 def test_only_recipes_that_multiply_in_fp8_are_timed(monkeypatch, major, timed):
     """An emulated recipe multiplies in bf16 after rounding: it cannot win, so it is not timed."""
-    from mxfp8_inductor import registry
+    from mxfp8_inductor import routes
     from mxfp8_inductor.lowering import measure
 
-    monkeypatch.setattr(registry, "_cuda_major", lambda device: major if device.type == "cuda" else None)
+    monkeypatch.setattr(routes, "_cuda_major", lambda device: major if device.type == "cuda" else None)
     assert measure.candidates(torch.device("cuda"), 2048, 2048, 512.0) == timed
     assert measure.candidates(CPU, 2048, 2048, 512.0) == ["bf16"]
 
@@ -318,9 +318,8 @@ def test_an_op_given_an_unknown_gemm_implementation_names_the_valid_ones():
     x, w = torch.randn(8, 64, dtype=torch.bfloat16), torch.randn(4, 128, 64, dtype=torch.bfloat16)
     offs = torch.arange(1, 5, dtype=torch.int32) * 2
     with pytest.raises(ValueError, match=r"unknown GEMM implementation 'auto': expected one of \['bf16', 'mxfp8', "
-                                         r"'mxfp8_fused', 'fp8_rowwise', 'fp8_blockwise', 'per_call', "
-                                         r"'per_call_timed'\]"):
-        torch.ops.mxfp8.grouped_mm(x, w.transpose(-2, -1), offs, "auto", "bf16", "bf16", "rceil", None)
+                                         r"'fp8_rowwise', 'fp8_blockwise', 'per_call', 'per_call_timed'\]"):
+        torch.ops.mxfp8.grouped_mm(x, w.transpose(-2, -1), offs, "auto:rceil", "bf16:rceil", "bf16:rceil", None)
 
 
 def test_timing_out_of_gpu_memory_warns_and_chooses_from_the_cost_model(timed, table, monkeypatch):
@@ -335,7 +334,7 @@ def test_timing_out_of_gpu_memory_warns_and_chooses_from_the_cost_model(timed, t
     with pytest.warns(UserWarning, match=r"could not time a GEMM of 64 x 64 x 128 on cpu: out of GPU memory; "
                                          r"chose from the H200 cost model \(autotune=False"):
         plan = auto.plan_for("auto", "quantized", M=64, K=64, N=128, E=4, dense=False, device=CPU, autotune=True)
-    assert plan.recipes == ("fp8_rowwise", "fp8_rowwise", "bf16") and plan.reasons[0].endswith("(H200 table)")
+    assert plan.impls == ("fp8_rowwise", "fp8_rowwise", "bf16") and plan.reasons[0].endswith("(H200 table)")
 
 
 def test_each_gpu_keeps_its_own_times(timed, monkeypatch):
@@ -348,6 +347,6 @@ def test_each_gpu_keeps_its_own_times(timed, monkeypatch):
         measure._device_key.cache_clear()
         bench = timed(ms)
         plan = auto.plan_for("auto", "quantized", **kw)
-        assert plan.recipes == (("fp8_rowwise",) * 3 if name == "GPU A" else ("bf16",) * 3)
+        assert plan.impls == (("fp8_rowwise",) * 3 if name == "GPU A" else ("bf16",) * 3)
         assert len(bench.shapes) == len(ms) and plan.reasons[0].endswith(f"timed on {name}")
     measure._device_key.cache_clear()

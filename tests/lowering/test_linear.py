@@ -8,7 +8,7 @@ from models import MoEModel
 
 import mxfp8_inductor as mx
 from mxfp8_inductor import check
-from mxfp8_inductor.registry import Route
+from mxfp8_inductor.routes import Route
 
 # SQNR (dB) against bf16 of the output, the input gradient with its columns equalized and the
 # weight gradient, measured on CPU. As in test_ops.SPREAD_DB: fp8_rowwise's output ~22 dB below
@@ -87,9 +87,9 @@ def test_native_linear_runs_one_group_grouped_gemms_that_pass_torch_meta_checks(
     # outputs laid out as the ops' fakes promise (compiled graphs assert their strides)
     g = torch.randn(M, N, dtype=torch.bfloat16)
     x_MK, w = x.detach().reshape(M, K), w.detach()
-    for op, args in ((gm.linear_op, (x_MK, w, *["mxfp8"] * 3, "rceil", None)),
-                     (gm.linear_dgrad_op, (g, w, "mxfp8", "rceil", None)),
-                     (gm.linear_wgrad_op, (g, x_MK, "mxfp8", "rceil"))):
+    for op, args in ((gm.linear_op, (x_MK, w, *["mxfp8:rceil"] * 3, None)),
+                     (gm.linear_input_grad_op, (g, w, "mxfp8:rceil", None)),
+                     (gm.linear_weight_grad_op, (g, x_MK, "mxfp8:rceil"))):
         torch.library.opcheck(op, args, test_utils="test_faketensor")
 
 
@@ -123,10 +123,10 @@ def test_dense_sites_are_found_and_decided_only_with_targets_all():
 
 def test_router_and_output_projection_stay_bf16_by_default():
     config = mx.MXFP8Config(targets="all")
-    assert not config.decide("model.layers.0.mlp.gate", "model.layers.0.mlp.gate.weight", dense=True)[0]
-    assert not config.decide("lm_head", "lm_head.weight", dense=True)[0]
-    assert config.decide("model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.q_proj.weight", dense=True)[0]
-    assert mx.MXFP8Config(targets="all", include=("lm_head",)).decide("lm_head", "lm_head.weight", dense=True)[0]
+    assert not config.matches("model.layers.0.mlp.gate", "model.layers.0.mlp.gate.weight", dense=True)[0]
+    assert not config.matches("lm_head", "lm_head.weight", dense=True)[0]
+    assert config.matches("model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.q_proj.weight", dense=True)[0]
+    assert mx.MXFP8Config(targets="all", include=("lm_head",)).matches("lm_head", "lm_head.weight", dense=True)[0]
 
 
 def test_excluded_dense_layers_are_bitwise_plain_compile():

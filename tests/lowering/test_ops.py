@@ -11,13 +11,14 @@ from helpers import assert_bitwise_equal, assert_sqnr_near, equalize_columns, ma
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import mxfp8_inductor as mx
-from mxfp8_inductor import registry
+from mxfp8_inductor import routes
 from mxfp8_inductor.kernels import reference, rowwise, triton_mx
 from mxfp8_inductor.lowering import mxfp8 as mx_lowering
 from mxfp8_inductor.lowering import ops as gm
 from mxfp8_inductor.lowering import rowwise as rw_lowering
+from mxfp8_inductor.lowering.impls import IMPLS
 from mxfp8_inductor.options import MXFP8Config
-from mxfp8_inductor.registry import Route
+from mxfp8_inductor.routes import Route
 
 # uneven groups: empty ones, sizes that are not multiples of 32, and rows past offs[-1]
 GROUPS = {
@@ -184,12 +185,14 @@ def test_opcheck():
     # no rows past offs[-1]: like torch._grouped_mm, the op leaves those output rows unspecified
     a, w, b_of, offs, grad = _problem(4, K=64, N=64, tail=0)
     b = b_of(w)
-    for recipe in gm.RECIPES:
-        args = (a.requires_grad_(), b.requires_grad_(), offs, recipe, recipe, recipe, "rceil", w)
+    for spec in [f"{impl}:rceil" for impl in IMPLS] + ["mxfp8:rceil+fused"]:
+        reused = f"{spec}+reuse_weight"
+        args = (a.requires_grad_(), b.requires_grad_(), offs, reused, reused, spec, w)
         torch.library.opcheck(gm.grouped_mm_op, args)
-        torch.library.opcheck(gm.grouped_mm_op, (a, b, offs, recipe, recipe, "bf16", "floor", None))
-        torch.library.opcheck(gm.grouped_mm_dgrad_op, (grad, b.detach(), offs, recipe, "rceil", w.detach()))
-        torch.library.opcheck(gm.grouped_mm_wgrad_op, (grad, a.detach(), offs, recipe, "rceil"))
+        floor = spec.replace("rceil", "floor")
+        torch.library.opcheck(gm.grouped_mm_op, (a, b, offs, floor, floor, "bf16:floor", None))
+        torch.library.opcheck(gm.grouped_mm_input_grad_op, (grad, b.detach(), offs, reused, w.detach()))
+        torch.library.opcheck(gm.grouped_mm_weight_grad_op, (grad, a.detach(), offs, spec))
     torch.library.opcheck(rw_lowering.quantize_groups_rowwise_op, (a.detach(), offs, "floor"))
     a_fp8, a_scales = rowwise.quantize_rows(a.detach(), -1)
     for dgrad, x_fp8, x_scales in ((False, a_fp8, a_scales), (True, *rowwise.quantize_rows(grad, -1))):
@@ -216,8 +219,8 @@ def test_inductor_sees_the_quantizers_and_computes_shared_ones_once():
     from torch._functorch.compile_utils import fx_graph_cse
 
     def block(a, w, w3):
-        h = torch.nn.functional.silu(gm.grouped_mm_op(a, b_of(w), offs, *["mxfp8"] * 3, "rceil", w))
-        return h * gm.grouped_mm_op(a, b_of(w3), offs, *["mxfp8"] * 3, "rceil", w3)
+        h = torch.nn.functional.silu(gm.grouped_mm_op(a, b_of(w), offs, *["mxfp8:rceil+reuse_weight"] * 3, w))
+        return h * gm.grouped_mm_op(a, b_of(w3), offs, *["mxfp8:rceil+reuse_weight"] * 3, w3)
 
     graph = fx_graph_cse(make_fx(block, decomposition_table=select_decomp_table())(a, w, w3).graph)
     targets = [str(n.target) for n in graph.nodes if n.op == "call_function"]
@@ -301,7 +304,8 @@ def test_rowwise_operands_pass_torch_meta_checks(monkeypatch, transposed):
 
 
 def _rowwise_forward(a, w_ENK, offs, cache):
-    return gm.grouped_mm_op(a, w_ENK.transpose(-2, -1), offs, *["fp8_rowwise"] * 3, "rceil", w_ENK if cache else None)
+    spec = "fp8_rowwise:rceil+reuse_weight" if cache else "fp8_rowwise:rceil"
+    return gm.grouped_mm_op(a, w_ENK.transpose(-2, -1), offs, *[spec] * 3, w_ENK if cache else None)
 
 
 @pytest.mark.parametrize("tokens_per_group, K, N, gemm", [(64, 128, 96, "mxfp8.fp8_grouped_mm.default"),
@@ -310,13 +314,13 @@ def _rowwise_forward(a, w_ENK, offs, cache):
 def test_rowwise_forward_decomposes_to_fusible_ops_and_a_visible_fp8_gemm(monkeypatch, tokens_per_group, K, N, gemm):
     """On Hopper, Inductor sees fp8_rowwise as plain aten quantization (fusible with producers)
     and one FP8 grouped GEMM: `aten._scaled_grouped_mm` (which max-autotune can tune) for large
-    token groups of large GEMMs, our Triton one elsewhere (`registry.route`)."""
+    token groups of large GEMMs, our Triton one elsewhere (`routes.route`)."""
     from torch._inductor.decomposition import select_decomp_table
     from torch.fx.experimental.proxy_tensor import make_fx
 
     gm.register_decompositions()
 
-    monkeypatch.setattr(registry, "has_fp8_grouped_mm", lambda device: True)
+    monkeypatch.setattr(routes, "has_fp8_grouped_mm", lambda device: True)
     with FakeTensorMode() as mode:
         a = torch.empty(4 * tokens_per_group, K, dtype=torch.bfloat16, device="cuda")
         w = torch.empty(4, N, K, dtype=torch.bfloat16, device="cuda")
@@ -338,7 +342,7 @@ def test_rowwise_forward_decomposes_to_fusible_ops_and_a_visible_fp8_gemm(monkey
     with mode:
         a, offs = a.to("meta"), offs.to("meta")
         grad = torch.empty(4 * tokens_per_group, N, dtype=torch.bfloat16, device="meta")
-        wgrad = make_fx(lambda g, a, o: gm.grouped_mm_wgrad_op(g, a, o, "fp8_rowwise", "rceil"),
+        wgrad = make_fx(lambda g, a, o: gm.grouped_mm_weight_grad_op(g, a, o, "fp8_rowwise:rceil"),
                         decomposition_table=select_decomp_table())(grad, a, offs).graph
     wgrad_ops = [str(n.target) for n in wgrad.nodes if n.op == "call_function" and str(n.target).startswith("mxfp8.")
                  or "grouped_mm" in str(n.target)]
@@ -354,7 +358,7 @@ def test_rowwise_triton_route_compiles_and_matches_the_emulation(monkeypatch, tr
     a, w, b_of, offs, grad = _problem(4, K=64, N=96, transposed=transposed)
     L = int(offs[-1])
     want = _run(lambda a, b, offs: mx.grouped_mm(a, b, offs, recipe="fp8_rowwise"), a, w, b_of, offs, grad)
-    monkeypatch.setattr(registry, "has_fp8_grouped_mm", lambda device: True)
+    monkeypatch.setattr(routes, "has_fp8_grouped_mm", lambda device: True)
     seen = []
     monkeypatch.setattr(rw_lowering, "fp8_grouped_mm_op", lambda *args: seen.append(args[1].dim()) or
                         rw_lowering.torch.ops.mxfp8.fp8_grouped_mm(*args))
@@ -385,14 +389,14 @@ def test_gemm_path_by_capability(monkeypatch, capability, K, N, path, fused):
 @pytest.mark.parametrize("capability, fp8", [((9, 0), True), ((8, 9), False), ((10, 0), False), ((10, 3), False)])
 def test_rowwise_fp8_gemm_only_where_verified(monkeypatch, capability, fp8):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
-    assert registry.has_fp8_grouped_mm(torch.device("cuda")) == fp8
-    assert not registry.has_fp8_grouped_mm(torch.device("cpu"))
+    assert routes.has_fp8_grouped_mm(torch.device("cuda")) == fp8
+    assert not routes.has_fp8_grouped_mm(torch.device("cpu"))
     for tokens, K, N, route in ((64, 4096, 4096, Route.ROWWISE_TRITON), (4096, 4096, 4096, Route.ROWWISE_TORCH),
                                 (4096, 1024, 4096, Route.ROWWISE_TRITON), (4096, 4096, 768, Route.ROWWISE_TRITON),
                                 (None, 256, 256, Route.ROWWISE_TORCH)):
-        got = registry.route("fp8_rowwise", torch.device("cuda"), K, N, tokens)
+        got = routes.route("fp8_rowwise", torch.device("cuda"), K, N, tokens)
         assert got == (route if fp8 else Route.ROWWISE_EMULATED)
-    assert registry.route("fp8_rowwise", torch.device("cpu"), 256, 256, 64) == Route.ROWWISE_EMULATED
+    assert routes.route("fp8_rowwise", torch.device("cpu"), 256, 256, 64) == Route.ROWWISE_EMULATED
 
 
 # --------------------------------------------------------------------------------------------
@@ -448,20 +452,21 @@ def test_rocm_runs_no_native_or_fp8_grouped_gemm_whatever_capability_it_reports(
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     monkeypatch.setattr(torch.version, "hip", "6.4")
     cuda = torch.device("cuda")
-    assert not registry.has_mxfp8_mma(cuda) and not registry.has_fp8_grouped_mm(cuda)
+    assert not routes.has_mxfp8_mma(cuda) and not routes.has_fp8_grouped_mm(cuda)
     assert mx_lowering.gemm_path(cuda, 256, 256) == Route.MXFP8_EMULATED
 
 
 def test_mxfp8_fused_option_reaches_each_grouped_gemm(monkeypatch):
-    """`mxfp8_fused=True` puts "mxfp8_fused" in the op for every GEMM, and the op asks the path
-    for the fused kernels in all three (the dense GEMMs have none); it computes mxfp8's numbers."""
+    """`mxfp8_fused=True` puts the fused flag in every GEMM's spec in the op, and the op asks the
+    path for the fused kernels in all three (the dense GEMMs have none); it computes mxfp8's numbers."""
     from models import MoEModel
 
     torch.manual_seed(0)
     report = mx.explain(MoEModel(layers=1).bfloat16(), torch.randn(2, 8, 64, dtype=torch.bfloat16),
                         options={"recipe": "mxfp8", "mxfp8_fused": True})
     code = "".join(report.graphs)
-    assert code.count("'mxfp8_fused', 'mxfp8_fused', 'mxfp8_fused'") == 3 and "'mxfp8', " not in code
+    assert code.count("'mxfp8:rceil+fused', 'mxfp8:rceil+fused', 'mxfp8:rceil+fused'") == 3
+    assert "'mxfp8:rceil'" not in code
     asked = []
     path = mx_lowering.gemm_path
     monkeypatch.setattr(mx_lowering, "gemm_path", lambda device, K, N, fused=False: (
@@ -470,8 +475,8 @@ def test_mxfp8_fused_option_reaches_each_grouped_gemm(monkeypatch):
     w = torch.randn(4, 128, 64, dtype=torch.bfloat16, requires_grad=True)
     offs = torch.tensor([16, 32, 48, 64], dtype=torch.int32)
     outs = []
-    for gemm in ("mxfp8_fused", "mxfp8"):
-        out = torch.ops.mxfp8.grouped_mm(a, w.transpose(-2, -1), offs, gemm, gemm, gemm, "rceil", None)
+    for spec in ("mxfp8:rceil+fused", "mxfp8:rceil"):
+        out = torch.ops.mxfp8.grouped_mm(a, w.transpose(-2, -1), offs, spec, spec, spec, None)
         out.float().square().sum().backward()
         outs.append((out, a.grad, w.grad))
         a.grad = w.grad = None
@@ -534,7 +539,8 @@ def test_an_empty_k_or_n_gives_torchs_result(recipe, K, N):
     out = mx.grouped_mm(a, w.transpose(-2, -1), offs, recipe=recipe)
     _assert_torchs_empty_result(K, N, out, *torch.autograd.grad(out, [a, w], torch.randn_like(out)))
     if recipe in ("mxfp8", "fp8_rowwise"):  # fsdp_fp8_all_gather's weight, rounded once for both its GEMMs
-        out = torch.ops.mxfp8.grouped_mm(a, w.transpose(-2, -1), offs, recipe, recipe, recipe, "rceil", None, True)
+        spec = f"{recipe}:rceil+shared_weight"
+        out = torch.ops.mxfp8.grouped_mm(a, w.transpose(-2, -1), offs, spec, spec, f"{recipe}:rceil", None)
         _assert_torchs_empty_result(K, N, out, *torch.autograd.grad(out, [a, w], torch.randn_like(out)))
     out = mx.linear(a, w[0], recipe=recipe)
     assert_bitwise_equal(out, torch.zeros(a.shape[0], N, dtype=torch.bfloat16))
@@ -573,7 +579,7 @@ def test_an_empty_k_or_n_under_the_pass_gives_torchs_result(recipe, K, N, dense)
     a = _empty_operands(K, N)[0].requires_grad_()
     torch._dynamo.reset()
     out = torch.compile(model, backend=backend)(a, make_offs(_EMPTY_SIZES))
-    assert [(r.action, r.recipe) for r in rows] == [("rewritten", recipe)] * 3
+    assert [(r.action, r.impl) for r in rows] == [("rewritten", recipe)] * 3
     da, dw = torch.autograd.grad(out, [a, model.w], torch.randn_like(out))
     if dense:
         for got in (out, da, dw):

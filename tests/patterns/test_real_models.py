@@ -17,8 +17,8 @@ def _assert_all_rewritten(report: mx.Report, sites: int, dgrads: int | None = No
     assert len(report.sites) == 3 * sites, str(report)
     assert {s.action for s in report.sites} == {"rewritten"}, str(report)
     assert _count(report, "aten._grouped_mm") == 0
-    assert _count(report, "mxfp8.grouped_mm_wgrad") == sites
-    assert _count(report, "mxfp8.grouped_mm_dgrad") == (sites if dgrads is None else dgrads)
+    assert _count(report, "mxfp8.grouped_mm_weight_grad") == sites
+    assert _count(report, "mxfp8.grouped_mm_input_grad") == (sites if dgrads is None else dgrads)
 
 
 def test_torchtitan_moe():

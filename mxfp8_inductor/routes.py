@@ -1,8 +1,8 @@
-"""Which implementation runs each GEMM: what one GEMM of a site may run (`Gemm`), and the one home
-of the compute-capability checks and of the routes from (numerics, device, shape) to a kernel
-(docs/design.md, "Lowering and dispatch"). A leaf: it imports nothing from the package.
+"""Which kernel runs each GEMM: the one home of the compute-capability checks and of the routes
+from (numerics, device, shape) to a kernel (docs/design.md, "Lowering and dispatch"). A leaf: it
+imports nothing from the package.
 
-The recipes' lowerings (`lowering/mxfp8.py`, `lowering/rowwise.py`) ask `route` which
+The recipes' lowerings (`lowering/mxfp8.py`, `rowwise.py`, `blockwise.py`) ask `route` which
 implementation to build; `recipe="auto"` (`lowering/auto.py`) asks the capability checks which
 GPUs its H200 calibration applies to.
 """
@@ -12,32 +12,6 @@ from __future__ import annotations
 import enum
 
 import torch
-
-
-class Gemm(str, enum.Enum):
-    """What one GEMM (forward, input gradient or weight gradient) of a rewritten site runs, as the
-    ops take it: a recipe's numerics, bf16, or a choice left to each call (a site compiled with a
-    dynamic token count under the user's recipe "auto", `options.Recipe`)."""
-
-    BF16 = "bf16"
-    MXFP8 = "mxfp8"
-    MXFP8_FUSED = "mxfp8_fused"  # mxfp8's numbers in the fused GEMMs on CUDA GPUs (MXFP8Config.mxfp8_fused)
-    FP8_ROWWISE = "fp8_rowwise"
-    FP8_BLOCKWISE = "fp8_blockwise"
-    PER_CALL = "per_call"  # chosen per call from the H200 cost model (lowering/auto.py)
-    PER_CALL_TIMED = "per_call_timed"  # chosen per call by timing on the GPU (lowering/measure.py)
-
-    @property
-    def numerics(self) -> str:
-        """The recipe whose numbers the GEMM computes: its own value, mxfp8's for MXFP8_FUSED."""
-        return Gemm.MXFP8.value if self is Gemm.MXFP8_FUSED else self.value
-
-    @classmethod
-    def _missing_(cls, value: object) -> None:
-        raise ValueError(f"unknown GEMM implementation {value!r}: expected one of {[g.value for g in cls]}")
-
-
-DEFERRED = frozenset({Gemm.PER_CALL, Gemm.PER_CALL_TIMED})
 
 
 class Route(str, enum.Enum):

@@ -121,7 +121,7 @@ class _Entry:
                 and all(ref.cdata == s._cdata for ref, s in zip(self.storages, storages)))
 
 
-class _Held:
+class _ParamRecord:
     """A parameter's entries, {(offset, shape, strides, kind): _Entry}, behind a weak reference to
     it, and how writes to it are seen: `fsdp`, the FSDPParam whose unsharded parameter it is (held
     weakly), with the `StateDictAliases` of the modules holding its sharded parameter; None for a
@@ -149,7 +149,7 @@ class _Held:
 
 
 # per parameter (by id, while its weak reference lives)
-_params: dict[int, _Held] = {}
+_params: dict[int, _ParamRecord] = {}
 _lock = threading.Lock()
 _hook = None
 # the share of a GPU's memory past which the cache warns, once per process: it holds every
@@ -163,12 +163,12 @@ _warned_unknown = False
 def clear_weight_cache() -> None:
     """Drop every reused quantized weight (the next GEMM of each weight quantizes it again)."""
     with _lock:
-        held = [h.entries for h in _params.values()]
-        for h in _params.values():
-            h.entries = {}
+        dropped = [record.entries for record in _params.values()]
+        for record in _params.values():
+            record.entries = {}
     # freed outside the lock: an entry may hold the last reference to a parameter (an autograd
     # graph), whose weak reference's callback takes the lock
-    del held
+    del dropped
 
 
 def _on_optimizer_step(optimizer, args, kwargs) -> None:
@@ -229,13 +229,13 @@ def _fsdp_param_of(param: torch.Tensor) -> Any:
     return None
 
 
-def _held(param: torch.Tensor) -> _Held | None:
+def _record(param: torch.Tensor) -> _ParamRecord | None:
     """`param`'s record, made on its first use; None where writes to it cannot be seen."""
     global _warned_unknown
     with _lock:
-        held = _params.get(id(param))
-        if held is not None and held.ref() is param:
-            return held
+        record = _params.get(id(param))
+        if record is not None and record.ref() is param:
+            return record
     fsdp_param = _fsdp_param_of(param)
     if fsdp_param is _UNKNOWN:
         if not _warned_unknown:
@@ -249,10 +249,10 @@ def _held(param: torch.Tensor) -> _Held | None:
         aliases = tuple(watch_state_dicts(m) for m in (info.module, *getattr(info, "shared_modules", ())))
     pid = id(param)
     with _lock:
-        held = _params.get(pid)
-        if held is None or held.ref() is not param:
-            held = _params[pid] = _Held(weakref.ref(param, lambda ref: _forget(pid, ref)), fsdp_param, aliases)
-    return held
+        record = _params.get(pid)
+        if record is None or record.ref() is not param:
+            record = _params[pid] = _ParamRecord(weakref.ref(param, lambda ref: _forget(pid, ref)), fsdp_param, aliases)
+    return record
 
 
 def _forget(pid: int, ref: weakref.ref) -> None:
@@ -265,20 +265,20 @@ def quantized(w: torch.Tensor, param: torch.Tensor | None, kind: tuple,
               quantize: Callable[[torch.Tensor], tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
     """`quantize(w)`, reused while `w` is a view of `param` (None: never) and `param` is
     unchanged; `kind` names the quantization (its recipe, rounding, orientation)."""
-    if not reusable(w, param) or (held := _held(param)) is None:
+    if not reusable(w, param) or (record := _record(param)) is None:
         return quantize(w)
     global _hook
     key = (w.storage_offset(), tuple(w.shape), w.stride(), kind)
-    seen = held.seen(param)
+    seen = record.seen(param)
     with _lock:
         if _hook is None:
             _hook = register_optimizer_step_post_hook(_on_optimizer_step)
-        entry = held.entries.get(key)
+        entry = record.entries.get(key)
         if entry is not None and entry.made_under(seen):
             return entry.out
     out = quantize(w)
     with _lock:
-        held.entries[key] = _Entry(seen, out)
+        record.entries[key] = _Entry(seen, out)
     _warn_if_large(w.device)
     return out
 
@@ -290,9 +290,9 @@ def _capacity(device: torch.device) -> int | None:
 
 def _warn_if_large(device: torch.device) -> None:
     global _warned
-    if _warned or (capacity := _capacity(device)) is None or (held := cached_bytes()) <= WARN_FRACTION * capacity:
+    if _warned or (capacity := _capacity(device)) is None or (cached := cached_bytes()) <= WARN_FRACTION * capacity:
         return
     _warned = True
-    warn(f"the mxfp8 weight cache holds {held / 2**30:.1f} GiB of quantized weights, over "
+    warn(f"the mxfp8 weight cache holds {cached / 2**30:.1f} GiB of quantized weights, over "
          f"{WARN_FRACTION:.0%} of {device}'s memory, until the next optimizer step; "
          "weight_cache=False frees it at the cost of quantizing each weight in every GEMM")

@@ -19,7 +19,8 @@ from helpers import assert_bitwise_equal, make_offs
 
 import mxfp8_inductor as mx
 from mxfp8_inductor.kernels import reference, rowwise
-from mxfp8_inductor.lowering import mxfp8, weights
+from mxfp8_inductor.lowering import mxfp8
+from mxfp8_inductor.lowering import weight_cache as weights
 
 SIZES = [40, 0, 64, 17]
 E, N, K = 4, 64, 96
