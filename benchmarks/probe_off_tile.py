@@ -78,6 +78,13 @@ def run_module(recipe: str, p: dict[str, torch.Tensor]) -> tuple[tuple[torch.Ten
     return got, report.sites
 
 
+def references(recipe: str, p: dict) -> tuple:
+    """bf16's step and the eager op's in `recipe` on problem `p`."""
+    bf16 = step(lambda x, w, offs: torch._grouped_mm(x, w.transpose(-2, -1), offs=offs), p)
+    eager = step(lambda x, w, offs: mx.grouped_mm(x, w.transpose(-2, -1), offs, recipe=recipe), p)
+    return bf16, eager
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens-per-group", type=int, default=128)
@@ -95,9 +102,7 @@ def main() -> None:
             if K % MULTIPLE_OF[recipe] or N % MULTIPLE_OF[recipe]:
                 continue
             p = problem(K, N, args.experts, args.tokens_per_group, args.device)
-            rows = int(p["offs"][-1])
-            bf16 = step(lambda x, w, offs: torch._grouped_mm(x, w.transpose(-2, -1), offs=offs), p)
-            eager = step(lambda x, w, offs, r=recipe: mx.grouped_mm(x, w.transpose(-2, -1), offs, recipe=r), p)
+            rows, (bf16, eager) = int(p["offs"][-1]), references(recipe, p)
             got, sites = run_module(recipe, p)
             actions = ", ".join(f"{s.role} {s.action} {s.impl}" for s in sites)
             print(f"{recipe:13s} K={K:5d} N={N:5d}  compiled {dbs(bf16, got, rows)}  eager {dbs(bf16, eager, rows)}"
@@ -111,9 +116,7 @@ def main() -> None:
             if K % MULTIPLE_OF[recipe] or N % MULTIPLE_OF[recipe]:
                 continue
             p = problem(K, N, args.experts, args.tokens_per_group, args.device)
-            rows = int(p["offs"][-1])
-            bf16 = step(lambda x, w, offs: torch._grouped_mm(x, w.transpose(-2, -1), offs=offs), p)
-            eager = step(lambda x, w, offs, r=recipe: mx.grouped_mm(x, w.transpose(-2, -1), offs, recipe=r), p)
+            rows, (bf16, eager) = int(p["offs"][-1]), references(recipe, p)
             got = step(fn, p)
             print(f"{recipe:13s} K={K:5d} N={N:5d}  compiled {dbs(bf16, got, rows)}  eager {dbs(bf16, eager, rows)}")
 

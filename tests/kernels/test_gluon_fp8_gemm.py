@@ -146,19 +146,11 @@ def _assert_bit_equal(cfg, args, blockwise: bool) -> None:
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("case", CASES_2D3D)
-def test_2d3d_bit_equal_to_tl_kernel(case, mode):
+@pytest.mark.parametrize("operands, case", [(operands_2d3d, c) for c in CASES_2D3D] +
+                         [(operands_2d2d, c) for c in CASES_2D2D])
+def test_bit_equal_to_tl_kernel(operands, case, mode):
     blockwise = mode == "blockwise"
-    _assert_bit_equal(gluon_fp8_gemm.DEFAULT, operands_2d3d(case, blockwise), blockwise)
-
-
-@gpu
-@pytest.mark.gpu
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("case", CASES_2D2D)
-def test_2d2d_bit_equal_to_tl_kernel(case, mode):
-    blockwise = mode == "blockwise"
-    _assert_bit_equal(gluon_fp8_gemm.DEFAULT, operands_2d2d(case, blockwise), blockwise)
+    _assert_bit_equal(gluon_fp8_gemm.DEFAULT, operands(case, blockwise), blockwise)
 
 
 @gpu
