@@ -1,6 +1,6 @@
 """What one GEMM of a rewritten site runs: `GemmSpec`, built once by the pass (or the eager op)
 and carried unchanged to the kernel call (docs/design.md, "The path of a GEMM's spec"). A leaf:
-it imports nothing from the package.
+it imports only `options`, the home of the allowed roundings.
 
 A site has three GEMMs, one per `Role`; each runs an `Impl`. The custom ops take the three specs
 as strings (`encode`), so that they are literals in the graph and in every compile cache key, and
@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+
+from .options import check_choice
 
 
 class Role(str, enum.Enum):
@@ -91,6 +93,7 @@ class GemmSpec:
         if not sep or unknown:
             raise ValueError(f"malformed GEMM spec {text!r}: expected '<impl>:<rounding>[+flag...]' with flags "
                              f"from {_FLAGS}")
+        check_choice("rounding", rounding)
         return cls(role, Impl(impl), rounding, **{name: name in flags for name in _FLAGS}, dense=dense)
 
     def with_impl(self, impl: Impl) -> GemmSpec:

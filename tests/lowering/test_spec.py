@@ -25,9 +25,10 @@ def test_a_spec_round_trips_through_its_text(impl, flags, role, dense):
     assert GemmSpec.decode(spec.encode(), role, dense) == spec
 
 
-@pytest.mark.parametrize("text", ["fp8_rowwise", "fp8_rowwise:rceil+cached", "auto:rceil", "mxfp8:rceil+fused+x"])
+@pytest.mark.parametrize("text", ["fp8_rowwise", "fp8_rowwise:rceil+cached", "auto:rceil", "mxfp8:rceil+fused+x",
+                                  "mxfp8:ceil"])
 def test_a_malformed_spec_names_the_form(text):
-    with pytest.raises(ValueError, match="malformed GEMM spec|unknown GEMM implementation"):
+    with pytest.raises(ValueError, match="malformed GEMM spec|unknown GEMM implementation|unknown rounding"):
         GemmSpec.decode(text, Role.FORWARD, False)
 
 
