@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from mxfp8_inductor.spec import GemmSpec, Role
+
 WORLD = 2
 STEPS = 3
 BATCH, SEQ = 2, 16  # per rank
@@ -151,7 +153,8 @@ def _backend(route: str, recipe: str | None, seen: Compiled) -> Callable:
             pass_(gm.graph)
             rows = pass_.last_rows
         seen.rows += [(r.weight_fqn, r.action) for r in rows if r.role == "forward"]
-        seen.calls += [Call(n.args[3], str(n.args[0].meta["example_value"].shape[0]),
+        seen.calls += [Call(GemmSpec.decode(n.args[3], Role.FORWARD, dense=False).impl.value,
+                            str(n.args[0].meta["example_value"].shape[0]),
                             tuple(n.args[1].meta["example_value"].shape))
                        for n in gm.graph.nodes if n.target is torch.ops.mxfp8.grouped_mm.default]
         return torch._dynamo.lookup_backend(GRAPH)(gm, example_inputs)
