@@ -20,26 +20,23 @@ from . import autograd, dispatch
 from .library import LIB
 
 
-def _spec(text: str, role: Role, dense: bool) -> GemmSpec:
-    return GemmSpec.decode(text, role, dense)
-
-
 def _forward(a, b, offs, forward, input_grad, weight_grad, param, *, decomposing=False):
     MKNE = (a.shape[0], b.shape[-2], b.shape[-1], b.shape[0])
-    return dispatch.run(_spec(forward, Role.FORWARD, False), a, MKNE, a, b, offs, param=param,
+    return dispatch.run(GemmSpec.decode(forward, Role.FORWARD, False), a, MKNE, a, b, offs, param=param,
                         decomposing=decomposing)
 
 
 def _input_grad(grad, b, offs, spec, param, *, decomposing=False):
     MKNE = (grad.shape[0], b.shape[-2], b.shape[-1], b.shape[0])
-    return dispatch.run(_spec(spec, Role.INPUT_GRAD, False), grad, MKNE, grad, b, offs, param=param,
+    return dispatch.run(GemmSpec.decode(spec, Role.INPUT_GRAD, False), grad, MKNE, grad, b, offs, param=param,
                         decomposing=decomposing)
 
 
 def _weight_grad(grad, a, offs, spec, *, decomposing=False):
     """db[E, K, N] from grad[M, N] and a[M, K], or db[E, N, K] with the two swapped."""
     MKNE = (grad.shape[0], a.shape[1], grad.shape[1], offs.shape[0])
-    return dispatch.run(_spec(spec, Role.WEIGHT_GRAD, False), grad, MKNE, grad, a, offs, decomposing=decomposing)
+    return dispatch.run(GemmSpec.decode(spec, Role.WEIGHT_GRAD, False), grad, MKNE, grad, a, offs,
+                        decomposing=decomposing)
 
 
 @torch.library.custom_op(f"{LIB}::grouped_mm", mutates_args=())
@@ -89,18 +86,19 @@ autograd.register_grouped(grouped_mm_op, grouped_mm_input_grad_op, grouped_mm_we
 
 def _dense_forward(x, w, forward, input_grad, weight_grad, param, *, decomposing=False):
     MKNE = (x.shape[0], w.shape[1], w.shape[0], 1)
-    return dispatch.run(_spec(forward, Role.FORWARD, True), x, MKNE, x, w, param=param, decomposing=decomposing)
+    return dispatch.run(GemmSpec.decode(forward, Role.FORWARD, True), x, MKNE, x, w, param=param,
+                        decomposing=decomposing)
 
 
 def _dense_input_grad(grad, w, spec, param, *, decomposing=False):
     MKNE = (grad.shape[0], w.shape[1], w.shape[0], 1)
-    return dispatch.run(_spec(spec, Role.INPUT_GRAD, True), grad, MKNE, grad, w, param=param,
+    return dispatch.run(GemmSpec.decode(spec, Role.INPUT_GRAD, True), grad, MKNE, grad, w, param=param,
                         decomposing=decomposing)
 
 
 def _dense_weight_grad(grad, x, spec, *, decomposing=False):
     MKNE = (grad.shape[0], x.shape[1], grad.shape[1], 1)
-    return dispatch.run(_spec(spec, Role.WEIGHT_GRAD, True), grad, MKNE, grad, x, decomposing=decomposing)
+    return dispatch.run(GemmSpec.decode(spec, Role.WEIGHT_GRAD, True), grad, MKNE, grad, x, decomposing=decomposing)
 
 
 @torch.library.custom_op(f"{LIB}::linear", mutates_args=())
