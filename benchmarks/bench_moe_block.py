@@ -2,12 +2,13 @@
 once per recipe; or, with --gemms, the rate of each expert GEMM by role and kernel.
 
     python benchmarks/bench_moe_block.py [--out benchmarks/results/moe_block_h200.json]
-        [--shapes dsv3,fine64] [--recipes mxfp8,fp8_rowwise] [--rounds 5]
+        [--shapes dsv3,fine64] [--recipes mxfp8,fp8_rowwise,auto+cache] [--microbatches 4] [--rounds 5]
     python benchmarks/bench_moe_block.py --gemms [--autotune] [--gemm-shapes 128x512x2048x1536,...]
         [--out benchmarks/results/grouped_gemm_rates_h200.json]
 
 Block = w1 and w3 grouped GEMMs, silu-mul, w2 grouped GEMM (`shapes.GroupedExperts`), 32768
-routed tokens in uneven groups, measured side by side in one run on one GPU: the variants take
+routed tokens in uneven groups per microbatch; a step is --microbatches forwards and backwards
+and an optimizer step writing every weight. Measured side by side in one run on one GPU: the variants take
 turns over --rounds rounds, and each speedup is the median of the per-round ratios (host-bound
 shapes move by 0.1x and more between runs on a busy host).
 
@@ -40,28 +41,38 @@ from mxfp8_inductor.check import sqnr
 F8 = torch.float8_e4m3fn
 
 
-def measure(shape: str, recipes: list[str], rounds: int) -> list[dict]:
-    """bf16 compiled and each recipe compiled, timed side by side on the same inputs."""
+def options_of(variant: str) -> dict:
+    """The backend options of a variant "RECIPE[+cache]" ("+cache": weight_cache=True)."""
+    recipe, *flags = variant.split("+")
+    if set(flags) - {"cache"}:
+        raise SystemExit(f"unknown variant flag in {variant!r}: only +cache")
+    return {"recipe": recipe, "weight_cache": "cache" in flags}
+
+
+def measure(shape: str, variants: list[str], rounds: int, microbatches: int) -> list[dict]:
+    """bf16 compiled and each variant compiled, timed side by side on the same inputs: a step is
+    `microbatches` forwards and backwards, the gradients accumulated, then an optimizer step
+    that writes every weight (so a variant with the weight cache quantizes each weight once per
+    step, as in training). The SQNRs compare the first microbatch's output and gradients."""
     block, x, counts, grad = block_and_inputs(shape)
     fns = {"bf16": (block, torch.compile(block))}
-    for recipe in recipes:
+    for variant in variants:
         mod = copy.deepcopy(block)
-        fns[recipe] = (mod, torch.compile(mod, backend=mxfp8_backend, options={"recipe": recipe}))
+        fns[variant] = (mod, torch.compile(mod, backend=mxfp8_backend, options=options_of(variant)))
     results, steps = {}, {}
     for name, (mod, fn) in fns.items():
-        step = fwd_bwd(mod, fn, x, counts, grad)
-        out = step()
+        out = fwd_bwd(mod, fn, x, counts, grad)()
         results[name] = [out.detach().clone(), x.grad.clone()] + [p.grad.clone() for p in mod.parameters()]
-        steps[name] = step
+        steps[name] = train_step(mod, fn, x, counts, grad, microbatches)
     ms = interleaved(steps, rounds)
     ref = results["bf16"]
     rows = []
-    for r in recipes:
-        ratios = [b / t for b, t in zip(ms["bf16"], ms[r])]
-        rows.append({"shape": shape, "recipe": r, "bf16_ms": statistics.median(ms["bf16"]),
-                     "ms": statistics.median(ms[r]), "speedup": statistics.median(ratios),
-                     "speedup_rounds": ratios, "sqnr_out": sqnr(ref[0], results[r][0]),
-                     "sqnr_grads_min": min(sqnr(a, b) for a, b in zip(ref[1:], results[r][1:]))})
+    for v in variants:
+        ratios = [b / t for b, t in zip(ms["bf16"], ms[v])]
+        rows.append({"shape": shape, "recipe": v, "microbatches": microbatches, "bf16_ms": statistics.median(ms["bf16"]),
+                     "ms": statistics.median(ms[v]), "speedup": statistics.median(ratios),
+                     "speedup_rounds": ratios, "sqnr_out": sqnr(ref[0], results[v][0]),
+                     "sqnr_grads_min": min(sqnr(a, b) for a, b in zip(ref[1:], results[v][1:]))})
     return rows
 
 
@@ -74,6 +85,21 @@ def fwd_bwd(mod: torch.nn.Module, fn, x: torch.Tensor, counts: torch.Tensor, gra
         out = fn(x, counts)
         out.backward(grad)
         return out
+    return step
+
+
+def train_step(mod: torch.nn.Module, fn, x: torch.Tensor, counts: torch.Tensor, grad: torch.Tensor,
+               microbatches: int):
+    """`microbatches` forwards and backwards of `fn` accumulating gradients, then an SGD step
+    (a tiny learning rate: the weights are written, and move too little to change the timings)."""
+    opt = torch.optim.SGD(mod.parameters(), lr=1e-9, foreach=True)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        for _ in range(microbatches):
+            x.grad = None
+            fn(x, counts).backward(grad)
+        opt.step()
     return step
 
 
@@ -166,7 +192,9 @@ def main() -> None:
     p.add_argument("--out", help="JSON path (default: benchmarks/results/moe_block_h200.json, or "
                                  "grouped_gemm_rates_h200.json with --gemms)")
     p.add_argument("--shapes", default=",".join(SHAPES))
-    p.add_argument("--recipes", default="mxfp8,fp8_rowwise")
+    p.add_argument("--recipes", default="mxfp8,fp8_rowwise",
+                   help='variants "RECIPE[+cache]" (+cache: weight_cache=True), comma-separated')
+    p.add_argument("--microbatches", type=int, default=1, help="forwards and backwards per optimizer step")
     p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds per variant")
     p.add_argument("--gemms", action="store_true", help="time each expert GEMM by role and kernel instead")
     p.add_argument("--autotune", action="store_true", help="with --gemms: time Inductor's max-autotune template too")
@@ -195,7 +223,7 @@ def main() -> None:
               f"{'grads min':>9}")
         for shape in args.shapes.split(","):
             torch._dynamo.reset()
-            for row in measure(shape, args.recipes.split(","), args.rounds):
+            for row in measure(shape, args.recipes.split(","), args.rounds, args.microbatches):
                 rows.append(row)
                 print(f"{shape:<10} {row['recipe']:<12} {row['bf16_ms']:8.3f} {row['ms']:8.3f} {row['speedup']:10.2f}x"
                       f" {row['sqnr_out']:8.1f} {row['sqnr_grads_min']:9.1f}", flush=True)

@@ -82,9 +82,10 @@ class MXFP8Config:
       rule of both recipes). wgrad: "quantized" (the recipe's weight gradient) or "bf16".
     targets: "experts" (routed-expert grouped GEMMs) or "all" (dense linears on parameter weights
       too, except `DENSE_EXCLUDE` and layers with K or N below `dense_min_dim`).
-    weight_cache: reuse each weight's FP8 operands (fp8_rowwise, fp8_blockwise and native MXFP8) across GEMMs and
-      microbatches until the parameter changes or an optimizer steps; off by default: it holds
-      them for the whole model until the step (docs/design.md, "Weight cache").
+    weight_cache: reuse each weight's FP8 form (fp8_rowwise, fp8_blockwise and native MXFP8) across GEMMs and
+      microbatches until the parameter changes or an optimizer steps; fp8_rowwise then scales each
+      expert's matrix as a whole, so that one form serves both GEMMs. Off by default: it holds the
+      forms for the whole model until the step (docs/design.md, "Weight cache").
     mxfp8_fused: mxfp8's grouped GEMMs on CUDA GPUs in Triton kernels that round their bf16
       operands as they load them, instead of separate quantizers; opt-in, slower than the
       separate path on the H200 (docs/performance.md, "Fused grouped GEMMs").

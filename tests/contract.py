@@ -152,9 +152,13 @@ def round_along(x: torch.Tensor, dim: int, recipe: str, rounding: str) -> torch.
     return out
 
 
-def round_weight(w: torch.Tensor, dim: int, recipe: str, rounding: str) -> torch.Tensor:
+def round_weight(w: torch.Tensor, dim: int, recipe: str, rounding: str, shared: bool = False) -> torch.Tensor:
     """A weight (the last two dims one expert's matrix) rounded for a GEMM contracting `dim`: as
-    `round_along`, except fp8_blockwise, which rounds 128 x 128 blocks whatever the contraction."""
+    `round_along`, except fp8_blockwise, which rounds 128 x 128 blocks whatever the contraction,
+    and with `shared` fp8_rowwise (a reused weight, docs/design.md "Shared weight scales"), which
+    rounds each matrix as one block whatever the contraction."""
+    if shared and recipe == "fp8_rowwise":
+        return round_block(w.reshape(*w.shape[:-2], -1), -1, rounding).view(w.shape)
     if recipe != "fp8_blockwise":
         return round_along(w, dim, recipe, rounding)
     out = torch.empty(w.shape, dtype=torch.bfloat16)
@@ -225,15 +229,15 @@ def _rows_gemm(x_q_MC: torch.Tensor, w_q_ECL: torch.Tensor, offs: torch.Tensor) 
 
 
 def grouped_forward(a_MK: torch.Tensor, b_EKN: torch.Tensor, offs: torch.Tensor,
-                    recipe: str, rounding: str) -> Iterator[torch.Tensor]:
-    """out[M, N]: group e's rows of a times b[e], both rounded along K."""
-    return _rows_gemm(round_along(a_MK, 1, recipe, rounding), round_weight(b_EKN, 1, recipe, rounding), offs)
+                    recipe: str, rounding: str, shared: bool = False) -> Iterator[torch.Tensor]:
+    """out[M, N]: group e's rows of a times b[e], both rounded along K (b as `round_weight`)."""
+    return _rows_gemm(round_along(a_MK, 1, recipe, rounding), round_weight(b_EKN, 1, recipe, rounding, shared), offs)
 
 
 def grouped_dgrad(dout_MN: torch.Tensor, b_EKN: torch.Tensor, offs: torch.Tensor,
-                  recipe: str, rounding: str) -> Iterator[torch.Tensor]:
-    """da[M, K]: group e's rows of dout times b[e]^T, both rounded along N."""
-    b_q_ENK = round_weight(b_EKN, 2, recipe, rounding).transpose(1, 2)
+                  recipe: str, rounding: str, shared: bool = False) -> Iterator[torch.Tensor]:
+    """da[M, K]: group e's rows of dout times b[e]^T, both rounded along N (b as `round_weight`)."""
+    b_q_ENK = round_weight(b_EKN, 2, recipe, rounding, shared).transpose(1, 2)
     return _rows_gemm(round_along(dout_MN, 1, recipe, rounding), b_q_ENK, offs)
 
 
@@ -253,15 +257,17 @@ def grouped_wgrad(dout_MN: torch.Tensor, a_MK: torch.Tensor, offs: torch.Tensor,
             yield db_EKN
 
 
-def linear_forward(x_MK: torch.Tensor, w_NK: torch.Tensor, recipe: str, rounding: str) -> Iterator[torch.Tensor]:
-    """out[M, N] = x @ w^T, both rounded along K."""
-    x_q, w_q = round_along(x_MK, 1, recipe, rounding), round_weight(w_NK, 1, recipe, rounding)
+def linear_forward(x_MK: torch.Tensor, w_NK: torch.Tensor, recipe: str, rounding: str,
+                   shared: bool = False) -> Iterator[torch.Tensor]:
+    """out[M, N] = x @ w^T, both rounded along K (w as `round_weight`)."""
+    x_q, w_q = round_along(x_MK, 1, recipe, rounding), round_weight(w_NK, 1, recipe, rounding, shared)
     return (gemm(x_q, w_q.t(), layout) for layout in LAYOUTS)
 
 
-def linear_dgrad(dout_MN: torch.Tensor, w_NK: torch.Tensor, recipe: str, rounding: str) -> Iterator[torch.Tensor]:
-    """dx[M, K] = dout @ w, both rounded along N."""
-    g_q, w_q = round_along(dout_MN, 1, recipe, rounding), round_weight(w_NK, 0, recipe, rounding)
+def linear_dgrad(dout_MN: torch.Tensor, w_NK: torch.Tensor, recipe: str, rounding: str,
+                 shared: bool = False) -> Iterator[torch.Tensor]:
+    """dx[M, K] = dout @ w, both rounded along N (w as `round_weight`)."""
+    g_q, w_q = round_along(dout_MN, 1, recipe, rounding), round_weight(w_NK, 0, recipe, rounding, shared)
     return (gemm(g_q, w_q, layout) for layout in LAYOUTS)
 
 

@@ -100,13 +100,13 @@ class QuantizationCounter:
 
     def __init__(self, mode: str) -> None:
         from mxfp8_inductor import fsdp
-        from mxfp8_inductor.kernels import rowwise, shared_weight
+        from mxfp8_inductor.kernels import shared_weight
 
         self.calls = 0
-        fp8 = mode == "fp8_all_gather"
-        self.owner, self.name = (shared_weight, "quantize") if fp8 else (rowwise, "quantize_weight")
+        # both make the shared form: the all-gather's of a shard, the weight cache's of a weight
+        self.owner, self.name = shared_weight, "quantize"
         self.original = getattr(self.owner, self.name)
-        assert not fp8 or fsdp.shared_weight is shared_weight  # the module fsdp.py calls it through
+        assert fsdp.shared_weight is shared_weight  # the module fsdp.py calls it through
 
         def counted(*args: Any, **kwargs: Any) -> Any:
             self.calls += 1

@@ -77,11 +77,14 @@ def _grouped_step(b_EKN: torch.Tensor, leaf: torch.Tensor, offs: torch.Tensor, M
 
 def _check_grouped(a_MK: torch.Tensor, b_EKN: torch.Tensor, offs: torch.Tensor, dout_MN: torch.Tensor,
                    out_MN: torch.Tensor, da_MK: torch.Tensor, db_EKN: torch.Tensor, recipe: str, rounding: str,
-                   wgrad: str, end: int) -> None:
-    """out, da (rows up to the last group end: past it they are unspecified) and db vs the contract."""
+                   wgrad: str, end: int, shared: bool = False) -> None:
+    """out, da (rows up to the last group end: past it they are unspecified) and db vs the contract;
+    `shared`: the weight reused (fp8_rowwise rounds it as one block per matrix)."""
     b_EKN = b_EKN.detach()
-    assert_contract(out_MN[:end], (c[:end] for c in contract.grouped_forward(a_MK, b_EKN, offs, recipe, rounding)))
-    assert_contract(da_MK[:end], (c[:end] for c in contract.grouped_dgrad(dout_MN, b_EKN, offs, recipe, rounding)))
+    fwd = contract.grouped_forward(a_MK, b_EKN, offs, recipe, rounding, shared)
+    assert_contract(out_MN[:end], (c[:end] for c in fwd))
+    dgrad = contract.grouped_dgrad(dout_MN, b_EKN, offs, recipe, rounding, shared)
+    assert_contract(da_MK[:end], (c[:end] for c in dgrad))
     wrecipe = "bf16" if wgrad == "bf16" else recipe
     assert_contract(db_EKN, contract.grouped_wgrad(dout_MN, a_MK, offs, wrecipe, rounding))
 
@@ -164,7 +167,8 @@ def _run_grouped(problem: str, recipe: str, rounding: str, wgrad: str, weight_ca
     # twice: with the cache, the second step takes the weight's rounding from it
     for _ in range(2 if weight_cache else 1):
         a_MK, dout_MN, out_MN, da_MK, db_EKN = _grouped_step(b_EKN, leaf, offs, M, gen, **options)
-        _check_grouped(a_MK, b_EKN, offs, dout_MN, out_MN, da_MK, db_EKN, recipe, rounding, wgrad, end)
+        _check_grouped(a_MK, b_EKN, offs, dout_MN, out_MN, da_MK, db_EKN, recipe, rounding, wgrad, end,
+                       shared=weight_cache)
 
 
 @pytest.mark.parametrize("layout", ["ENK", "EKN"])
@@ -202,8 +206,8 @@ def test_linear_matches_contract(recipe, rounding, wgrad, weight_cache, M):
     out_MN = mx.linear(x_MK, w_NK, recipe=recipe, rounding=rounding, wgrad=wgrad, weight_cache=weight_cache)
     out_MN.backward(dout_MN)
     x, w = x_MK.detach(), w_NK.detach()
-    assert_contract(out_MN.detach(), contract.linear_forward(x, w, recipe, rounding))
-    assert_contract(x_MK.grad, contract.linear_dgrad(dout_MN, w, recipe, rounding))
+    assert_contract(out_MN.detach(), contract.linear_forward(x, w, recipe, rounding, shared=weight_cache))
+    assert_contract(x_MK.grad, contract.linear_dgrad(dout_MN, w, recipe, rounding, shared=weight_cache))
     wrecipe = "bf16" if wgrad == "bf16" else recipe
     assert_contract(w_NK.grad, contract.linear_wgrad(dout_MN, x, wrecipe, rounding))
 

@@ -255,12 +255,14 @@ def test_rowwise_group_quantizer_bit_exact_on_gpu(rounding, groups):
 
 @pytest.mark.parametrize("shape", [(8, 2048, 1536), (3, 70, 200)])
 def test_rowwise_weight_quantizer_bit_exact_on_gpu(shape):
-    from mxfp8_inductor.kernels import rowwise, triton_rowwise
+    from mxfp8_inductor.kernels import shared_weight, triton_rowwise
 
     b = _specials(torch.randn(*shape, device="cuda").bfloat16())
     for view in (b, b.transpose(-2, -1).contiguous().transpose(-2, -1)):
-        for got, want in zip(triton_rowwise.quantize_weight(view), rowwise.quantize_weight(view)):
-            assert_bitwise_equal(got, want)
+        got = triton_rowwise.quantize_weight_shared(view)
+        for g, want in zip(got, shared_weight.quantize(view, "fp8_rowwise")):
+            assert_bitwise_equal(g, want)
+        assert got[0].stride() == view.stride()
 
 
 @pytest.mark.parametrize("rounding", ["rceil", "floor"])

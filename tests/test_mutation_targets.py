@@ -9,10 +9,16 @@ import torch
 from helpers import assert_bitwise_equal, make_offs
 
 import mxfp8_inductor as mx
-from mxfp8_inductor.kernels import reference, rowwise
+from mxfp8_inductor.kernels import reference, shared_weight
 from mxfp8_inductor.lowering import weight_cache as weights
 from mxfp8_inductor.options import MXFP8Config
 from mxfp8_inductor.patterns.rewrite import rewrite
+
+
+def _shared_rowwise(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fp8_rowwise weight quantization the cache holds (the shared form)."""
+    return shared_weight.quantize(b, "fp8_rowwise")
+
 
 E, K, N = 3, 64, 96
 SIZES = [20, 0, 28]
@@ -42,12 +48,18 @@ def _step(w: torch.nn.Parameter, a_MK: torch.Tensor, dout_MN: torch.Tensor, **op
     return out.detach(), da, db
 
 
+def _fresh(w: torch.nn.Parameter, a_MK: torch.Tensor, dout_MN: torch.Tensor, **options) -> tuple[torch.Tensor, ...]:
+    """`_step` with the cache's numerics (the shared form), quantized anew: on a new parameter,
+    which no entry serves."""
+    return _step(torch.nn.Parameter(w.detach().clone()), a_MK, dout_MN, weight_cache=True, **options)
+
+
 def test_cached_weight_serves_only_its_own_rounding():
     """With the cache on, one weight alternating RCEIL and FLOOR: every step is what the op
     computes without the cache for that rounding, and the two roundings differ."""
     w = torch.nn.Parameter(_data(E, N, K, seed=0))
     a, dout = _data(sum(SIZES), K, seed=1), _data(sum(SIZES), N, seed=2)
-    fresh = {r: _step(w, a, dout, rounding=r) for r in ("rceil", "floor")}
+    fresh = {r: _fresh(w, a, dout, rounding=r) for r in ("rceil", "floor")}
     assert not torch.equal(fresh["rceil"][0], fresh["floor"][0])
     assert not torch.equal(fresh["rceil"][1], fresh["floor"][1])
     for rounding in ("rceil", "floor", "rceil", "floor"):
@@ -62,13 +74,13 @@ def test_a_tensor_outside_the_parameters_storage_is_never_served_from_the_cache(
     param = torch.nn.Parameter(_data(E, K, N, seed=3))
     kind = ("fp8_rowwise", "rceil")
     with torch.no_grad():  # as inside the ops: no entry holds an autograd graph (and with it the parameter)
-        served = weights.quantized(param, param, kind, rowwise.quantize_weight)
-        for got, want in zip(served, rowwise.quantize_weight(param)):
+        served = weights.quantized(param, param, kind, _shared_rowwise)
+        for got, want in zip(served, _shared_rowwise(param)):
             assert_bitwise_equal(got, want)
         copy = param.clone()
         copy[1] = -4 * copy[1]  # same dtype, shape, strides and offset as the parameter; other values
-        for got, want in zip(weights.quantized(copy, param, kind, rowwise.quantize_weight),
-                             rowwise.quantize_weight(copy)):
+        for got, want in zip(weights.quantized(copy, param, kind, _shared_rowwise),
+                             _shared_rowwise(copy)):
             assert_bitwise_equal(got, want)
 
 
@@ -91,15 +103,15 @@ def _pass_then_aot_eager(gm: torch.fx.GraphModule, example_inputs: list) -> obje
 
 def test_under_the_pass_one_weight_quantization_serves_every_microbatch(monkeypatch):
     """The pass keys the cache on the parameter: over three microbatches' forwards and backwards
-    the weight is quantized once, and the results are the uncached eager op's."""
+    the weight is quantized once, and the results are the eager op's quantizing it anew."""
     calls = []
-    quantize = rowwise.quantize_weight
+    quantize = shared_weight.quantize
 
     def counted(b, *args):
         calls.append(tuple(b.shape))
         return quantize(b, *args)
 
-    monkeypatch.setattr(rowwise, "quantize_weight", counted)
+    monkeypatch.setattr(shared_weight, "quantize", counted)
     model, offs = _Experts(), make_offs(SIZES)
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=_pass_then_aot_eager)
@@ -109,7 +121,9 @@ def test_under_the_pass_one_weight_quantization_serves_every_microbatch(monkeypa
         out = compiled(x, offs)
         da, db = torch.autograd.grad(out, [x, model.w], dout)
         assert calls == [(E, K, N)]
-        for got, want in zip((out.detach(), da, db), _step(model.w, a, dout)):  # _step: uncached
+        wants = _fresh(model.w, a, dout)
+        del calls[1:]  # the fresh parameter's own quantization
+        for got, want in zip((out.detach(), da, db), wants):
             assert_bitwise_equal(got, want)
 
 

@@ -61,17 +61,17 @@ def quantize_tiles(x: torch.Tensor, dim: int, rounding: str = "rceil") -> tuple[
     return data.movedim(-1, dim), exponent_to_float(biased).squeeze(-1).movedim(-1, dim)
 
 
-def quantize_weight(b_EKN: torch.Tensor, rounding: str = "rceil") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Both GEMM operands of a weight b[E, K, N] from one quantization in 128 x 128 blocks:
-    (data_ENK, data_EKN, scales [E, tiles(K), tiles(N)]), the data contiguous: data_ENK for the
-    forward (contraction K contiguous), data_EKN for the input gradient (contraction N)."""
+def quantize_weight(b_EKN: torch.Tensor, rounding: str = "rceil") -> tuple[torch.Tensor, torch.Tensor]:
+    """A weight b[E, K, N] in 128 x 128 blocks, which serve both of its GEMMs: (data_ENK
+    contiguous, the forward's operand with its contraction K contiguous, and the input
+    gradient's once transposed; scales [E, tiles(K), tiles(N)])."""
     check_float(b_EKN)
     E, K, N = b_EKN.shape
     b_pad = pad_tiles(b_EKN.float(), 1, 2)
     b_blocks = b_pad.view(E, tiles(K), SCALE_TILE, tiles(N), SCALE_TILE)
     biased = scale_exponent(b_blocks.abs().amax((2, 4), keepdim=True), rounding)
     data_EKN = _cast(b_blocks, biased).view(b_pad.shape)[:, :K, :N]
-    return data_EKN.transpose(-2, -1).contiguous(), data_EKN.contiguous(), exponent_to_float(biased)[:, :, 0, :, 0]
+    return data_EKN.transpose(-2, -1).contiguous(), exponent_to_float(biased)[:, :, 0, :, 0]
 
 
 def quantize_groups(

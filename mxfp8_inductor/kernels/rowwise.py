@@ -125,12 +125,3 @@ def scaled_grouped_mm(
         a_bf = (a.float() * scale_a.view(G, -1)[g_T].t()).bfloat16()
         b_bf = (b.float() * scale_b.view(G, -1)[g_T]).bfloat16()
     return torch._grouped_mm(a_bf, b_bf, offs)
-
-
-def quantize_weight(b_EKN: torch.Tensor, rounding: str = "rceil") -> tuple[torch.Tensor, ...]:
-    """Both GEMM operands of a weight b[E, K, N] (a dense weight as [1, K, N]), contiguous:
-    (data_ENK, scales_EN), one scale per output column along K (the forward's), and
-    (data_EKN, scales_EK), one scale per row along N (the input gradient's)."""
-    data_ENK, scales_EN = quantize_rows(b_EKN.transpose(-2, -1), -1, rounding)
-    data_EKN, scales_EK = quantize_rows(b_EKN, -1, rounding)
-    return data_ENK.contiguous(), scales_EN, data_EKN.contiguous(), scales_EK

@@ -220,79 +220,67 @@ def quantize_groups(
     return data_KMp.view(torch.float8_e4m3fn), scales_GK, padded_ends
 
 
-# rows and columns of a weight tile in `quantize_weight`'s kernels, and their warps
+# rows and columns of a weight tile in `quantize_weight_shared`'s kernels, and their warps
 WEIGHT_TILE = (64, 64, 4)
 
 
 @triton.jit
-def _weight_amax_kernel(b_ptr, sb_e, sb_k, sb_n, K, N, amax_n_ptr, amax_k_ptr, BK: tl.constexpr, BN: tl.constexpr):
-    """Program (e, p, q): tile b[e, p*BK.., q*BN..]. Its max |b| per column and per row meet the
-    other tiles' in amax_n[e, n] and amax_k[e, k]: atomic maxima on the float bits, NaN as inf
-    (as `triton_common.block_amax`)."""
+def _matrix_amax_kernel(b_ptr, sb_e, sb_k, sb_n, K, N, amax_ptr, BK: tl.constexpr, BN: tl.constexpr):
+    """Program (e, p, q): tile b[e, p*BK.., q*BN..]. Its max |b| meets the other tiles' in
+    amax[e]: an atomic maximum on the float bits, NaN as inf (as `triton_common.block_amax`)."""
     e = tl.program_id(0).to(tl.int64)
     k = tl.program_id(1) * BK + tl.arange(0, BK)
     n = tl.program_id(2) * BN + tl.arange(0, BN)
     m = (k < K)[:, None] & (n < N)[None, :]
     x = tc.load_f32(b_ptr + e * sb_e + k.to(tl.int64)[:, None] * sb_k + n.to(tl.int64)[None, :] * sb_n, m)
     bits = tl.minimum(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, 0x7F800000)
-    tl.atomic_max(amax_n_ptr + e * N + n, tl.max(bits, axis=0), mask=n < N)
-    tl.atomic_max(amax_k_ptr + e * K + k, tl.max(bits, axis=1), mask=k < K)
+    tl.atomic_max(amax_ptr + e, tl.max(tl.max(bits, axis=1), axis=0))
 
 
 @triton.jit
-def _weight_cast_kernel(
-    b_ptr, sb_e, sb_k, sb_n, K, N, amax_n_ptr, amax_k_ptr, q_nk_ptr, q_kn_ptr, s_n_ptr, s_k_ptr,
+def _matrix_cast_kernel(
+    b_ptr, sb_e, sb_k, sb_n, K, N, amax_ptr, q_ptr, sq_e, sq_k, sq_n, s_ptr,
     RCEIL: tl.constexpr, HW_CVT: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr,
 ):
-    """Program (e, p, q): tile b[e, p*BK.., q*BN..] cast twice, with its columns' scales into
-    q_nk[e, n, k] and with its rows' scales into q_kn[e, k, n]; the first row and column of
-    tiles also write the float scales."""
+    """Program (e, p, q): tile b[e, p*BK.., q*BN..] cast with its matrix's scale into q; the
+    first tile of a matrix also writes the float scale."""
     e = tl.program_id(0).to(tl.int64)
-    k = tl.program_id(1) * BK + tl.arange(0, BK)
-    n = tl.program_id(2) * BN + tl.arange(0, BN)
-    k_ok, n_ok = k < K, n < N
-    m = k_ok[:, None] & n_ok[None, :]
-    x = tc.load_f32(b_ptr + e * sb_e + k.to(tl.int64)[:, None] * sb_k + n.to(tl.int64)[None, :] * sb_n, m)
-    amax_n = tl.load(amax_n_ptr + e * N + n, mask=n_ok, other=0).to(tl.float32, bitcast=True)
-    amax_k = tl.load(amax_k_ptr + e * K + k, mask=k_ok, other=0).to(tl.float32, bitcast=True)
-    biased_n = tc.scale_exponent(amax_n, RCEIL)
-    biased_k = tc.scale_exponent(amax_k, RCEIL)
-    q_n = tc.scaled_to_e4m3(x, tc.inv_scale(biased_n)[None, :], HW_CVT)
-    q_k = tc.scaled_to_e4m3(x, tc.inv_scale(biased_k)[:, None], HW_CVT)
-    base = e * K * N
-    m_nk = n_ok[:, None] & k_ok[None, :]
-    tl.store(q_nk_ptr + base + n.to(tl.int64)[:, None] * K + k[None, :], tl.trans(q_n), mask=m_nk)
-    tl.store(q_kn_ptr + base + k.to(tl.int64)[:, None] * N + n[None, :], q_k, mask=m)
-    if tl.program_id(1) == 0:
-        tl.store(s_n_ptr + e * N + n, tc.e8m0_to_float(biased_n), mask=n_ok)
-    if tl.program_id(2) == 0:
-        tl.store(s_k_ptr + e * K + k, tc.e8m0_to_float(biased_k), mask=k_ok)
+    k = (tl.program_id(1) * BK + tl.arange(0, BK)).to(tl.int64)
+    n = (tl.program_id(2) * BN + tl.arange(0, BN)).to(tl.int64)
+    m = (k < K)[:, None] & (n < N)[None, :]
+    x = tc.load_f32(b_ptr + e * sb_e + k[:, None] * sb_k + n[None, :] * sb_n, m)
+    biased = tc.scale_exponent(tl.load(amax_ptr + e).to(tl.float32, bitcast=True), RCEIL)
+    q = tc.scaled_to_e4m3(x, tc.inv_scale(biased), HW_CVT)
+    tl.store(q_ptr + e * sq_e + k[:, None] * sq_k + n[None, :] * sq_n, q, mask=m)
+    if (tl.program_id(1) == 0) & (tl.program_id(2) == 0):
+        tl.store(s_ptr + e, tc.e8m0_to_float(biased))
 
 
-def quantize_weight(b_EKN: torch.Tensor, rounding: str = "rceil") -> tuple[torch.Tensor, ...]:
-    """Triton twin of `rowwise.quantize_weight`: both operands from two reads of the weight (one
-    for the maxima, one for the casts) in any layout."""
+def quantize_weight_shared(b_EKN: torch.Tensor, rounding: str = "rceil") -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton twin of `shared_weight.quantize(b_EKN, "fp8_rowwise", rounding)`: float8 data laid
+    out as `torch.empty_like(b_EKN)` (a transposed view stays one) and a float32 scale per matrix,
+    from two reads of the weight (one for the maxima, one for the cast)."""
     ref.check_float(b_EKN)
     check_choice("rounding", rounding)
+    if b_EKN.dim() != 3:
+        raise ValueError(f"quantize_weight_shared takes an [E, K, N] weight, got shape {tuple(b_EKN.shape)}")
     E, K, N = b_EKN.shape
     dev = b_EKN.device
-    amax_n, amax_k = torch.zeros(E, N, dtype=torch.int32, device=dev), torch.zeros(E, K, dtype=torch.int32, device=dev)
-    q_nk = torch.empty(E, N, K, dtype=torch.uint8, device=dev)
-    q_kn = torch.empty(E, K, N, dtype=torch.uint8, device=dev)
-    s_n, s_k = torch.empty(E, N, device=dev), torch.empty(E, K, device=dev)
+    amax = torch.zeros(E, dtype=torch.int32, device=dev)
+    q = torch.empty_like(b_EKN, dtype=torch.uint8)
+    scales = torch.empty(E, device=dev)
     bk, bn, warps = WEIGHT_TILE
     grid = (E, tc.cdiv(K, bk), tc.cdiv(N, bn))
     b, strides = tc.as_bits(b_EKN), b_EKN.stride()
     # bound launches: a weight's quantization runs in the first forward after each optimizer step,
     # where the host, not the GPU, sets the pace
-    tensors = (b, amax_n, amax_k)
-    launch_keyed((_weight_amax_kernel, *b_EKN.shape, *strides), tensors, lambda: (
-        _weight_amax_kernel, grid, (b, *strides, K, N, amax_n, amax_k), dict(BK=bk, BN=bn, num_warps=warps)))
-    tensors = (b, amax_n, amax_k, q_nk, q_kn, s_n, s_k)
-    launch_keyed((_weight_cast_kernel, *b_EKN.shape, *strides, rounding), tensors, lambda: (
-        _weight_cast_kernel, grid, (b, *strides, K, N, *tensors[1:]),
+    launch_keyed((_matrix_amax_kernel, *b_EKN.shape, *strides), (b, amax), lambda: (
+        _matrix_amax_kernel, grid, (b, *strides, K, N, amax), dict(BK=bk, BN=bn, num_warps=warps)))
+    tensors = (b, amax, q, scales)
+    launch_keyed((_matrix_cast_kernel, *b_EKN.shape, *strides, *q.stride(), rounding), tensors, lambda: (
+        _matrix_cast_kernel, grid, (b, *strides, K, N, amax, q, *q.stride(), scales),
         dict(RCEIL=rounding == "rceil", HW_CVT=b_EKN.is_cuda, BK=bk, BN=bn, num_warps=warps)))
-    return q_nk.view(torch.float8_e4m3fn), s_n, q_kn.view(torch.float8_e4m3fn), s_k
+    return q.view(torch.float8_e4m3fn), scales
 
 
 # rows per program, columns per load and warps of `quantize_rows`

@@ -58,19 +58,21 @@ def _one_group(x: torch.Tensor) -> torch.Tensor:
     return torch.full((1,), x.shape[0], dtype=torch.int32, device=x.device)
 
 
-def _quantize_weight(b_EKN: torch.Tensor, rounding: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _quantize_weight(b_EKN: torch.Tensor, rounding: str) -> tuple[torch.Tensor, torch.Tensor]:
     return blockwise.quantize_weight(_for_route(b_EKN, 1, 2), rounding)
 
 
 def _weight_operand(b_EKN: torch.Tensor, param: torch.Tensor | None, rounding: str, dgrad: bool):
-    """The weight's FP8 operand and block scales for the forward ([E, K, N] view, scales
-    [E, K / 128, N / 128]) or the input gradient ([E, N, K] view, the scales transposed): both
-    from one quantization of the weight, reused under `param` (None: made for this GEMM)."""
+    """The weight's FP8 operand and block scales for the forward ([E, K, N] view of a contiguous
+    [E, N, K], scales [E, K / 128, N / 128]) or the input gradient ([E, N, K] view of a contiguous
+    [E, K, N], the scales transposed). One quantization serves both, the second a byte transpose of
+    the first, so the weight cache holds 1 byte per element; reused under `param` (None: made for
+    this GEMM)."""
     quantize = functools.partial(_quantize_weight, rounding=rounding)
-    data_ENK, data_EKN, scales = (quantize(b_EKN) if param is None else
-                                  weight_cache.quantized(b_EKN, param, ("fp8_blockwise", rounding), quantize))
+    data_ENK, scales = (quantize(b_EKN) if param is None else
+                        weight_cache.quantized(b_EKN, param, ("fp8_blockwise", rounding), quantize))
     if dgrad:
-        return data_EKN.transpose(-2, -1), scales.transpose(-2, -1)
+        return data_ENK.transpose(-2, -1).contiguous().transpose(-2, -1), scales.transpose(-2, -1)
     return data_ENK.transpose(-2, -1), scales
 
 

@@ -1,6 +1,6 @@
 """Runs one GEMM as its `GemmSpec` says: an empty K or N, the choice a spec leaves to each call
-(made here from the call's shapes, every other field of the spec kept), the shared weight
-rounding, then the implementation's method (lowering/impls.py)."""
+(made here from the call's shapes, every other field of the spec kept), then the
+implementation's method (lowering/impls.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import math
 
 import torch
 
-from ..kernels import shared_weight as shared_weight_rounding
 from ..spec import ROLES, GemmSpec, Impl, Role
 from . import auto, measure
 from .impls import method
@@ -71,10 +70,5 @@ def run(spec: GemmSpec, like: torch.Tensor, MKNE: tuple[int, int, int, int], *op
     weight = ()
     if spec.role is not Role.WEIGHT_GRAD:
         weight = (param if spec.reuse_weight else None,)
-        if spec.shared_weight:
-            # rounded once for both its GEMMs (docs/design.md, "Shared weight scales"), in each
-            # GEMM anew rather than saved for the backward beside the weight
-            x, b, *rest = operands
-            operands = (x, shared_weight_rounding.quantize_dequantize(b, spec.impl.value, spec.rounding), *rest)
     out = method(spec)(*operands, spec, *weight, decomposing)
     return out if out is NotImplemented else out.to(like.dtype)

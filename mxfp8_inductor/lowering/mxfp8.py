@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels import shared_weight
 from ..kernels.mx import implementation
 from ..routes import Route, has_mxfp8_mma, route
 from . import weight_cache
@@ -147,7 +148,15 @@ def _weight_gemm(x_MC, b_EKN, offs, rounding, dgrad):
 # The three GEMMs (`impls.GemmImpl`)
 
 
+def _as_shared(b_EKN: torch.Tensor, spec) -> torch.Tensor:
+    """With `spec.shared_weight`, the weight rounded once for both of its GEMMs (docs/design.md,
+    "Shared weight scales"), anew in each GEMM rather than saved for the backward beside the
+    weight; the GEMM then quantizes it as any weight, which under rceil changes no value."""
+    return shared_weight.quantize_dequantize(b_EKN, "mxfp8", spec.rounding) if spec.shared_weight else b_EKN
+
+
 def forward(a_MK, b_EKN, offs, spec, param, decomposing):
+    b_EKN = _as_shared(b_EKN, spec)
     K, N = b_EKN.shape[-2:]
     rounding = spec.rounding
     path = gemm_path(a_MK.device, K, N, spec.fused)
@@ -161,6 +170,7 @@ def forward(a_MK, b_EKN, offs, spec, param, decomposing):
 
 
 def input_grad(grad_MN, b_EKN, offs, spec, param, decomposing):
+    b_EKN = _as_shared(b_EKN, spec)
     K, N = b_EKN.shape[-2:]
     rounding = spec.rounding
     path = gemm_path(grad_MN.device, N, K, spec.fused)

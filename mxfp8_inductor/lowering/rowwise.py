@@ -8,20 +8,21 @@ recipe is emulated: dequantized operands, exact in bf16, into the bf16 grouped G
 
 from __future__ import annotations
 
+import functools
 import types
 
 import torch
 
 from .. import routes
-from ..kernels import rowwise
+from ..kernels import rowwise, shared_weight
 from ..routes import Route
 from . import weight_cache
 from .library import OUT_DTYPE, define, define_cached_weight_gemm, define_fp8_grouped_mm
 
 
 def quantizers(device: torch.device) -> types.ModuleType:
-    """The rowwise quantizers Inductor does badly (weight-gradient operands, both operands of a
-    weight): Triton twins on GPUs, the pure-torch contract elsewhere."""
+    """The rowwise quantizers Inductor does badly (weight-gradient operands, a weight's shared
+    form) and the rows' eager ones: Triton twins on GPUs, the pure-torch contract elsewhere."""
     if device.type == "cuda":
         from ..kernels import triton_rowwise  # imported lazily: triton is optional off Linux
 
@@ -71,13 +72,33 @@ def _gemm(a, b, scale_a, scale_b, offs, tokens_per_group) -> torch.Tensor:
     return torch._scaled_grouped_mm(a, b, scale_a, scale_b, offs=offs, out_dtype=OUT_DTYPE)
 
 
-def _weight_operand(b_EKN: torch.Tensor, param: torch.Tensor, rounding: str, dgrad: bool):
-    """The weight's FP8 operand and scales for the forward ([E, K, N] view, scales [E, N]) or
-    the input gradient ([E, N, K] view, scales [E, K]); both come from one quantization of the
-    weight, which the cache keeps for the other role and the next microbatches."""
-    data_ENK, scales_EN, data_EKN, scales_EK = weight_cache.quantized(
-        b_EKN, param, ("fp8_rowwise", rounding), lambda b: quantizers(b.device).quantize_weight(b, rounding))
-    return (data_EKN.transpose(-2, -1), scales_EK) if dgrad else (data_ENK.transpose(-2, -1), scales_EN)
+def _shared_form(b_EKN: torch.Tensor, rounding: str, decomposing: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weight rounded once for both of its GEMMs (docs/design.md, "Shared weight scales"):
+    float8 data in the weight's own layout and one power-of-two scale per expert; the pure-torch
+    contract where Inductor lowers it, the Triton twin in an eager call on a GPU."""
+    if decomposing or b_EKN.device.type != "cuda":
+        return shared_weight.quantize(b_EKN, "fp8_rowwise", rounding)
+    return quantizers(b_EKN.device).quantize_weight_shared(b_EKN, rounding)
+
+
+def _weight_operand(b_EKN: torch.Tensor, param: torch.Tensor | None, rounding: str, shared: bool, dgrad: bool,
+                    decomposing: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weight's FP8 operand and scales for the forward ([E, K, N] view of a contiguous
+    [E, N, K], scales [E, N]) or the input gradient ([E, N, K] view of a contiguous [E, K, N],
+    scales [E, K]). Reused under `param` or `shared`, it is the shared form: one float8 copy and
+    a scale per expert, which is both GEMMs' operand up to a byte transpose, so the weight cache
+    holds 1 byte per element (docs/design.md, "Weight cache"). Otherwise each GEMM scales its
+    rows along its own contraction."""
+    if param is None and not shared:
+        w_fp8, w_scales = _rows(b_EKN if dgrad else b_EKN.transpose(-2, -1), rounding, decomposing)
+        return w_fp8.contiguous().transpose(-2, -1), w_scales
+    data_EKN, scale_E = weight_cache.quantized(b_EKN, param, ("fp8_rowwise", rounding),
+                                               functools.partial(_shared_form, rounding=rounding,
+                                                                 decomposing=decomposing))
+    E, K, N = data_EKN.shape
+    if dgrad:
+        return data_EKN.contiguous().transpose(-2, -1), scale_E[:, None].expand(E, K).contiguous()
+    return data_EKN.transpose(-2, -1).contiguous().transpose(-2, -1), scale_E[:, None].expand(E, N).contiguous()
 
 
 def _grouped_or_dense(x_fp8, w_fp8, w_scales, x_scales, offs):
@@ -88,25 +109,26 @@ def _grouped_or_dense(x_fp8, w_fp8, w_scales, x_scales, offs):
 
 
 def _cached_weight_gemm(x_fp8, x_scales, b_EKN, param, offs, rounding, dgrad):
-    """x_fp8 [M, C] times the FP8 weight operand, reused under `param`'s version counter
-    (lowering/weight_cache.py): grouped when offs is given, else dense (b_EKN then [1, K, N], a dense
-    weight's transposed view)."""
-    return _grouped_or_dense(x_fp8, *_weight_operand(b_EKN, param, rounding, dgrad), x_scales, offs)
+    """x_fp8 [M, C] times the weight's shared FP8 form, reused under `param`
+    (lowering/weight_cache.py): grouped when offs is given, else dense (b_EKN then [1, K, N], a
+    dense weight's transposed view)."""
+    w = _weight_operand(b_EKN, param, rounding, shared=True, dgrad=dgrad, decomposing=False)
+    return _grouped_or_dense(x_fp8, *w, x_scales, offs)
 
 
 cached_weight_gemm_op = define_cached_weight_gemm("rowwise_cached_weight_gemm", _cached_weight_gemm)
 
 
-def _weight_gemm(x_MC, b_EKN, offs, rounding, param, dgrad, decomposing):
+def _weight_gemm(x_MC, b_EKN, offs, spec, param, dgrad, decomposing):
     """x [M, C] (C = K forward, N input gradient) times the weight in FP8, x quantized here,
     where Inductor fuses it with its producer; the weight's quantization reused under `param`
     (None: made here, for this GEMM alone)."""
-    x_fp8, x_scales = _rows(x_MC, rounding, decomposing)
+    x_fp8, x_scales = _rows(x_MC, spec.rounding, decomposing)
     x_fp8 = x_fp8.contiguous()
     if param is not None:
-        return cached_weight_gemm_op(x_fp8, x_scales, b_EKN, param, offs, rounding, dgrad)
-    w_fp8, w_scales = _rows(b_EKN if dgrad else b_EKN.transpose(-2, -1), rounding, decomposing)
-    return _grouped_or_dense(x_fp8, w_fp8.contiguous().transpose(-2, -1), w_scales, x_scales, offs)
+        return cached_weight_gemm_op(x_fp8, x_scales, b_EKN, param, offs, spec.rounding, dgrad)
+    w = _weight_operand(b_EKN, None, spec.rounding, spec.shared_weight, dgrad, decomposing)
+    return _grouped_or_dense(x_fp8, *w, x_scales, offs)
 
 
 # --------------------------------------------------------------------------------------------
@@ -114,11 +136,11 @@ def _weight_gemm(x_MC, b_EKN, offs, rounding, param, dgrad, decomposing):
 
 
 def forward(a_MK, b_EKN, offs, spec, param, decomposing):
-    return _weight_gemm(a_MK, b_EKN, offs, spec.rounding, param, dgrad=False, decomposing=decomposing)
+    return _weight_gemm(a_MK, b_EKN, offs, spec, param, dgrad=False, decomposing=decomposing)
 
 
 def input_grad(grad_MN, b_EKN, offs, spec, param, decomposing):
-    return _weight_gemm(grad_MN, b_EKN, offs, spec.rounding, param, dgrad=True, decomposing=decomposing)
+    return _weight_gemm(grad_MN, b_EKN, offs, spec, param, dgrad=True, decomposing=decomposing)
 
 
 def weight_grad(grad_MN, a_MK, offs, spec, decomposing):
@@ -144,11 +166,11 @@ def _mm(a_MK, b_KN, scale_M, scale_N) -> torch.Tensor:
 
 
 def dense_forward(x_MK, w_NK, spec, param, decomposing):
-    return _weight_gemm(x_MK, w_NK.t()[None], None, spec.rounding, param, dgrad=False, decomposing=decomposing)
+    return _weight_gemm(x_MK, w_NK.t()[None], None, spec, param, dgrad=False, decomposing=decomposing)
 
 
 def dense_input_grad(grad_MN, w_NK, spec, param, decomposing):
-    return _weight_gemm(grad_MN, w_NK.t()[None], None, spec.rounding, param, dgrad=True, decomposing=decomposing)
+    return _weight_gemm(grad_MN, w_NK.t()[None], None, spec, param, dgrad=True, decomposing=decomposing)
 
 
 def dense_weight_grad(grad_MN, x_MK, spec, decomposing):

@@ -31,10 +31,9 @@ def test_tiles_match_contract(dim, rounding):
 @pytest.mark.parametrize("rounding", contract.ROUNDINGS)
 def test_weight_blocks_match_contract_in_both_orientations(rounding):
     b_EKN = spread(3, 300, 136, gen=torch.Generator().manual_seed(1))
-    data_ENK, data_EKN, scales = blockwise.quantize_weight(b_EKN, rounding)
-    assert data_ENK.is_contiguous() and data_EKN.is_contiguous() and scales.shape == (3, 3, 2)
-    assert torch.equal(data_ENK.transpose(-2, -1).view(torch.uint8), data_EKN.view(torch.uint8))
-    b_q = _dequantized(data_EKN, scales, 1, 2)
+    data_ENK, scales = blockwise.quantize_weight(b_EKN, rounding)
+    assert data_ENK.is_contiguous() and scales.shape == (3, 3, 2)
+    b_q = _dequantized(data_ENK.transpose(-2, -1), scales, 1, 2)
     for dim in (1, 2):
         assert_bitwise_equal(b_q, contract.round_weight(b_EKN, dim, "fp8_blockwise", rounding))
 
@@ -101,9 +100,9 @@ def test_2d3d_matches_emulation(dgrad):
     sizes, K, N = [40, 0, 170, 64], 272, 144
     offs = make_offs(sizes, DEVICE)
     w_EKN = (torch.randn(len(sizes), K, N, generator=g) * 0.1).bfloat16()
-    data_ENK, data_EKN, scales = blockwise.quantize_weight(w_EKN)
+    data_ENK, scales = blockwise.quantize_weight(w_EKN)
     if dgrad:
-        b, sb, C = data_EKN.transpose(-2, -1), scales.transpose(-2, -1), N
+        b, sb, C = data_ENK.transpose(-2, -1).contiguous().transpose(-2, -1), scales.transpose(-2, -1), N
     else:
         b, sb, C = data_ENK.transpose(-2, -1), scales, K
     a, sa = blockwise.quantize_tiles(_tokens(sum(sizes) + 3, C, g), -1)

@@ -4,7 +4,7 @@ import pytest
 import torch
 from helpers import assert_bitwise_equal, make_offs, sqnr
 
-from mxfp8_inductor.kernels import rowwise, triton_rowwise
+from mxfp8_inductor.kernels import rowwise, shared_weight, triton_rowwise
 
 F8 = torch.float8_e4m3fn
 
@@ -188,23 +188,25 @@ def test_rowwise_and_mxfp8_differ_only_where_a_row_spans_a_wide_range():
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize("shape", [(3, 64, 96), (2, 70, 33), (1, 130, 40)])
+@pytest.mark.parametrize("shape", [(3, 64, 96), (4, 70, 33), (3, 130, 40)])
 @pytest.mark.parametrize("rounding", ["rceil", "floor"])
 @pytest.mark.parametrize("layout", ["EKN", "ENK"])
-def test_triton_weight_quantizer_is_bit_exact(shape, rounding, layout):
-    """Both operands of a weight from one kernel pair, in either layout the weight arrives in
-    (a transposed view of [E, N, K], or contiguous), tiles ragged at both ends: bit-exact with
-    quantizing rows along K and along N separately, NaN/inf rows and subnormals included."""
+def test_triton_shared_weight_quantizer_is_bit_exact(shape, rounding, layout):
+    """A weight's shared form (one scale per expert) from one kernel pair, in either layout the
+    weight arrives in (a transposed view of [E, N, K], or contiguous) and kept in it, tiles ragged
+    at both ends: bit-exact with the contract, a NaN expert, an inf one, a zero row and
+    subnormals included."""
     g = torch.Generator().manual_seed(sum(shape))
     b = (torch.randn(*shape, generator=g) * torch.logspace(-40, 30, shape[-1], base=2)).bfloat16()
-    b[0, 0, 0], b[-1, 1, 2], b[0, 3] = float("nan"), float("inf"), 0.0
+    b[0, 0, 0], b[1, 1, 2], b[-1, 3] = float("nan"), float("inf"), 0.0
     b[-1, :, 5] = -2.0**-133  # a bf16 subnormal column
     if layout == "ENK":
         b = b.transpose(-2, -1).contiguous().transpose(-2, -1)
-    got, want = triton_rowwise.quantize_weight(b, rounding), rowwise.quantize_weight(b, rounding)
+    got = triton_rowwise.quantize_weight_shared(b, rounding)
+    want = shared_weight.quantize(b, "fp8_rowwise", rounding)
     for a, w in zip(got, want):
         assert_bitwise_equal(a, w)
-    assert want[0].shape == (shape[0], shape[2], shape[1]) and want[2].shape == shape
+    assert got[0].stride() == b.stride() and got[1].shape == (shape[0],)
 
 
 @pytest.mark.interpreter
@@ -214,7 +216,7 @@ def test_triton_weight_quantizer_second_call_uses_its_own_tensors():
     g = torch.Generator().manual_seed(7)
     for scale in (1.0, 2.0**20):
         b = (torch.randn(2, 48, 72, generator=g) * scale).bfloat16()
-        got, want = triton_rowwise.quantize_weight(b), rowwise.quantize_weight(b)
+        got, want = triton_rowwise.quantize_weight_shared(b), shared_weight.quantize(b, "fp8_rowwise")
         for a, w in zip(got, want):
             assert_bitwise_equal(a, w)
 

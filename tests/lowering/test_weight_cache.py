@@ -18,7 +18,7 @@ import torch
 from helpers import assert_bitwise_equal, make_offs
 
 import mxfp8_inductor as mx
-from mxfp8_inductor.kernels import reference, rowwise
+from mxfp8_inductor.kernels import reference, shared_weight
 from mxfp8_inductor.lowering import mxfp8
 from mxfp8_inductor.lowering import weight_cache as weights
 
@@ -66,9 +66,11 @@ def _step(run, w: torch.Tensor, x: torch.Tensor, offs: torch.Tensor) -> tuple[to
 
 
 def _fresh(model: Experts, x: torch.Tensor, offs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """What the model computes on its current weights, quantizing them anew."""
-    w = model.w.detach().clone().requires_grad_()
-    return _step(lambda x, offs: mx.grouped_mm(x, _operand(w, model.layout), offs, recipe=model.recipe), w, x, offs)
+    """What the model computes on its current weights, quantizing them anew: the eager op with
+    reuse's numerics (fp8_rowwise: the shared form) on a new parameter, which no entry serves."""
+    w = torch.nn.Parameter(model.w.detach().clone())
+    return _step(lambda x, offs: mx.grouped_mm(x, _operand(w, model.layout), offs, recipe=model.recipe,
+                                               weight_cache=True), w, x, offs)
 
 
 @pytest.fixture(autouse=True)
@@ -173,26 +175,30 @@ def test_nothing_is_held_by_default(route):
 def quantizations(monkeypatch):
     """Counts the fp8_rowwise weight quantizations the cache lets through."""
     calls = []
-    quantize = rowwise.quantize_weight
+    quantize = shared_weight.quantize
 
     def counted(b, *args):
         calls.append(b.shape)
         return quantize(b, *args)
 
-    monkeypatch.setattr(rowwise, "quantize_weight", counted)
+    monkeypatch.setattr(shared_weight, "quantize", counted)
     return calls
 
 
 @pytest.mark.parametrize("layout", ["transposed", "contiguous"])
 def test_one_quantization_serves_forward_backward_and_later_microbatches(quantizations, layout):
-    """fp8_rowwise: one pass makes both orientations; they serve every GEMM of the weight until
-    it changes, and hold float8 data and fp32 scales per orientation."""
+    """fp8_rowwise: one quantization makes the shared form, which serves every GEMM of the weight
+    (the input gradient's through a byte transpose) until it changes: 1 byte per element and
+    an fp32 scale per expert."""
     model, (x, offs) = Experts("fp8_rowwise", layout, pass_route=False), _inputs()
     for _ in range(3):
-        for got, ref in zip(_step(model, model.w, x, offs), _fresh(model, x, offs)):
-            assert_bitwise_equal(got, ref)
+        got = _step(model, model.w, x, offs)
+        made = len(quantizations)
+        for g, ref in zip(got, _fresh(model, x, offs)):
+            assert_bitwise_equal(g, ref)
+        del quantizations[made:]  # the fresh parameter's own
     assert len(quantizations) == 1
-    assert weights.cached_bytes() == 2 * E * N * K + E * (N + K) * 4
+    assert weights.cached_bytes() == E * N * K + E * 4
 
 
 def test_native_mxfp8_operands_are_reused_under_the_parameter():
