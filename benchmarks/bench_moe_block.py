@@ -69,8 +69,9 @@ def measure(shape: str, variants: list[str], rounds: int, microbatches: int) -> 
     rows = []
     for v in variants:
         ratios = [b / t for b, t in zip(ms["bf16"], ms[v])]
-        rows.append({"shape": shape, "recipe": v, "microbatches": microbatches, "bf16_ms": statistics.median(ms["bf16"]),
-                     "ms": statistics.median(ms[v]), "speedup": statistics.median(ratios),
+        rows.append({"shape": shape, "recipe": v, "microbatches": microbatches,
+                     "bf16_ms": statistics.median(ms["bf16"]), "ms": statistics.median(ms[v]),
+                     "speedup": statistics.median(ratios),
                      "speedup_rounds": ratios, "sqnr_out": sqnr(ref[0], results[v][0]),
                      "sqnr_grads_min": min(sqnr(a, b) for a, b in zip(ref[1:], results[v][1:]))})
     return rows
