@@ -12,8 +12,8 @@ Both operands K-major (b a transposed view); `offs` (group ends, int32) is never
 Not wired into the dispatch: `available()` says whether this process can run it at all (CUDA, a
 9.x device, a Gluon whose Hopper API this module was written against); the `tl` kernels stay the
 CPU/interpreter path and the fallback. The 2d-3d rowwise mode has run bit-equal to the `tl` kernel
-on an H100 (docs/performance.md, "Gluon FP8 grouped GEMM"); the 2d-2d layout and the blockwise
-mode compile for sm_90 but have not yet run on a GPU: wiring waits on their GPU tests.
+on an H100 (docs/performance.md, "Gluon FP8 grouped GEMM"), and so have the 2d-2d layout and the
+blockwise mode in benchmarks/bench_gluon_gemm.py's comparison; wiring waits on their GPU tests.
 
 Schedule, per persistent program (one per SM), in four partitions:
   - two consumer warpgroups (the default partition and a 4-warp worker), each owning its own
@@ -334,9 +334,12 @@ if _IMPORT_ERROR is None:
             _epilogue_block(acc1, r0 + _SUB_M, n0, row_end, e, steps, readable, sa_ptr, sb_ptr, out_ptr, R, N,
                             WGRAD, BLOCKWISE, MMA, STORE)
 
-    # sizes and strides as plain ints: specializing on their values (== 1, multiples of 16) only
-    # multiplies the compiled kernels, when every load that matters is by TMA
-    @gluon.jit(do_not_specialize=["R", "N", "C", "E", "s_sar", "s_sak", "s_sbe", "s_sbk", "s_sbn"])
+    # The sizes stay specialized: the epilogue's bf16 stores are plain stores, not TMA, and only
+    # N known a multiple of 16 (out's row stride) lets each thread's 8 columns go out as one 16-byte
+    # store; without it every element is its own 2-byte store, 8 times the store instructions and
+    # partial-sector writes to L2, which the 2d-2d layout (a 128 x 128 output tile per few contraction
+    # steps) pays the most. The blockwise scale strides only index per-thread scalar loads: plain ints.
+    @gluon.jit(do_not_specialize=["s_sar", "s_sak", "s_sbe", "s_sbk", "s_sbn"])
     def _gemm_kernel(a_desc, b_desc, sa_ptr, sb_ptr, out_ptr, offs_ptr, R, N, C, E,
                      s_sar, s_sak, s_sbe, s_sbk, s_sbn,
                      EP: gl.constexpr, WGRAD: gl.constexpr, BLOCKWISE: gl.constexpr, STAGES: gl.constexpr,
