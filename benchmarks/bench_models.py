@@ -41,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -197,40 +198,39 @@ def _fully_shard(model: torch.nn.Module, device: str) -> None:
     fully_shard(model)
 
 
-def worker(args: argparse.Namespace) -> dict:
-    """One run, in this process."""
+def build_training(model_name: str, variant: str, depth: int, device: str, tiny: bool,
+                   microbatches: int) -> tuple[torch.nn.Module, Callable[[], None], int]:
+    """A run's model, compiled as `variant` says, and one training step of it: `microbatches`
+    forwards, losses and backwards, then AdamW. Returns (model, step, tokens per step)."""
     import mxfp8_inductor as mx  # also where the package is on PYTHONPATH, not installed
     from mxfp8_inductor import mxfp8_backend
 
     torch.manual_seed(0)
-    recipe, *flags = args.variant.split("+")
+    recipe, *flags = variant.split("+")
     torchao = ("all" if "all" in flags else "experts") if recipe == "torchao" else None
-    titan = args.model in TITAN
+    titan = model_name in TITAN
     if titan:
-        model, (batch, seq) = build_titan(args.model, args.depth, args.device, args.tiny, torchao)
+        model, (batch, seq) = build_titan(model_name, depth, device, tiny, torchao)
     else:
-        model, (batch, seq) = build(args.model, args.depth, args.device, args.tiny)
+        model, (batch, seq) = build(model_name, depth, device, tiny)
         if torchao is not None and not _torchao(model, torchao == "all"):
-            raise RuntimeError(f"torchao converted nothing in {args.model}")
+            raise RuntimeError(f"torchao converted nothing in {model_name}")
     if "fp8ag" in flags:
         mx.mxfp8(model, recipe=recipe, fsdp_fp8_all_gather=True)
     if "fsdp" in flags:
-        _fully_shard(model, args.device)
+        _fully_shard(model, device)
     if recipe in ("bf16", "torchao") or "fp8ag" in flags:
         compiled = torch.compile(model)
     else:
         options = {"recipe": recipe, "targets": "all" if "all" in flags else "experts",
                    "weight_cache": "cache" in flags}
         compiled = torch.compile(model, backend=mxfp8_backend, options=options)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=args.device == "cuda")
-    g = torch.Generator(device=args.device).manual_seed(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device == "cuda")
+    g = torch.Generator(device=device).manual_seed(0)
     vocab = next(m for m in model.modules() if isinstance(m, torch.nn.Embedding)).num_embeddings
-    ids = [torch.randint(0, vocab, (batch, seq), device=args.device, generator=g) for _ in range(args.microbatches)]
-    params_gb = sum(p.numel() * p.element_size() for p in model.parameters()) / 1e9
+    ids = [torch.randint(0, vocab, (batch, seq), device=device, generator=g) for _ in range(microbatches)]
 
-    def step() -> float:
-        sync()
-        start = time.perf_counter()
+    def step() -> None:
         for x in ids:
             if titan:  # next-token loss, as transformers computes it from labels=x
                 logits = compiled(x)
@@ -240,6 +240,20 @@ def worker(args: argparse.Namespace) -> dict:
             (loss / len(ids)).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+
+    return model, step, batch * seq * len(ids)
+
+
+def worker(args: argparse.Namespace) -> dict:
+    """One run, in this process."""
+    model, train_step, tokens = build_training(args.model, args.variant, args.depth, args.device, args.tiny,
+                                               args.microbatches)
+    params_gb = sum(p.numel() * p.element_size() for p in model.parameters()) / 1e9
+
+    def step() -> float:
+        sync()
+        start = time.perf_counter()
+        train_step()
         sync()
         return time.perf_counter() - start
 
@@ -255,9 +269,9 @@ def worker(args: argparse.Namespace) -> dict:
     times = [step() for _ in range(args.steps)]
     step_s = statistics.median(times)
     peak_gb = torch.cuda.max_memory_allocated() / 1e9 if args.device == "cuda" else float("nan")
-    return {"model": args.model, "variant": args.variant, "depth": args.depth, "tokens": batch * seq * len(ids),
+    return {"model": args.model, "variant": args.variant, "depth": args.depth, "tokens": tokens,
             "step_ms": step_s * 1e3, "step_ms_all": [t * 1e3 for t in times],
-            "tokens_per_s": batch * seq * len(ids) / step_s, "peak_gb": peak_gb, "params_gb": params_gb,
+            "tokens_per_s": tokens / step_s, "peak_gb": peak_gb, "params_gb": params_gb,
             "compile_s": compile_s}
 
 

@@ -75,7 +75,7 @@ import subprocess
 import sys
 
 import torch
-from bench_models import RAISED, TITAN, build, build_titan
+from bench_models import RAISED, build_training
 
 CLASSES = ("gemm", "quant_only", "producer+quant", "other")
 KERNELS = pathlib.Path(__file__).resolve().parents[1] / "mxfp8_inductor" / "kernels"
@@ -283,8 +283,6 @@ def worker(args: argparse.Namespace) -> dict:
     import torch._inductor.config as inductor_config
     from torch.profiler import ProfilerActivity, profile
 
-    from mxfp8_inductor import mxfp8_backend  # also where the package is on PYTHONPATH, not installed
-
     fresh = os.environ["TORCHINDUCTOR_CACHE_DIR"]
     if args.keep_sources:
         kept = args.keep_sources.resolve() / re.sub(r"[:+]", "_", args.spec)
@@ -299,35 +297,13 @@ def worker(args: argparse.Namespace) -> dict:
     recipe, *flags = variant.split("+")
     if set(flags) - {"all", "cache"} or recipe == "torchao":
         raise SystemExit(f"{args.spec}: a variant is bf16 or a recipe, with +all and +cache")
-    torch.manual_seed(0)
-    titan = model_name in TITAN
-    if titan:
-        model, (batch, seq) = build_titan(model_name, args.layers, args.device, args.tiny, None)
-    else:
-        model, (batch, seq) = build(model_name, args.layers, args.device, args.tiny)
-    if recipe == "bf16":
-        compiled = torch.compile(model)
-    else:
-        options = {"recipe": recipe, "targets": "all" if "all" in flags else "experts",
-                   "weight_cache": "cache" in flags}
-        compiled = torch.compile(model, backend=mxfp8_backend, options=options)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=args.device == "cuda")
-    g = torch.Generator(device=args.device).manual_seed(0)
-    vocab = next(m for m in model.modules() if isinstance(m, torch.nn.Embedding)).num_embeddings
-    ids = [torch.randint(0, vocab, (batch, seq), device=args.device, generator=g) for _ in range(args.microbatches)]
+    model, train_step, tokens = build_training(model_name, variant, args.layers, args.device, args.tiny,
+                                               args.microbatches)
     param_shapes = {s for p in model.parameters() if p.dim() >= 2
                     for s in (tuple(p.shape), (*p.shape[:-2], p.shape[-1], p.shape[-2]))}
 
-    def step() -> None:  # bench_models.py's step
-        for x in ids:
-            if titan:
-                logits = compiled(x)
-                loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), x[:, 1:].flatten())
-            else:
-                loss = compiled(input_ids=x, labels=x).loss
-            (loss / len(ids)).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    def step() -> None:  # bench_models.py's step, waited for
+        train_step()
         if args.device == "cuda":
             torch.cuda.synchronize()
 
@@ -341,7 +317,7 @@ def worker(args: argparse.Namespace) -> dict:
         shutil.rmtree(fresh, ignore_errors=True)
     bar = [r for r in rows if r["class"] == "quant_only" and r["operand"] == "activation"]
     return {"model": model_name, "variant": variant, "layers": args.layers, "microbatches": args.microbatches,
-            "tokens": batch * seq * len(ids), "kernel_ms": sum(r["ms"] for r in rows), "classes": totals(rows),
+            "tokens": tokens, "kernel_ms": sum(r["ms"] for r in rows), "classes": totals(rows),
             "quant_only_activation": {"kernels": len(bar), "ms": sum(r["ms"] for r in bar)}, "kernels": rows}
 
 
