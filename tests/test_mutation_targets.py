@@ -58,6 +58,8 @@ def test_cached_weight_serves_only_its_own_rounding():
     """With the cache on, one weight alternating RCEIL and FLOOR: every step is what the op
     computes without the cache for that rounding, and the two roundings differ."""
     w = torch.nn.Parameter(_data(E, N, K, seed=0))
+    with torch.no_grad():  # each matrix's maximum with a mantissa past 1.75: the roundings scale it apart
+        w[:, 0, 0] = 1.875 * 2.0**15
     a, dout = _data(sum(SIZES), K, seed=1), _data(sum(SIZES), N, seed=2)
     fresh = {r: _fresh(w, a, dout, rounding=r) for r in ("rceil", "floor")}
     assert not torch.equal(fresh["rceil"][0], fresh["floor"][0])

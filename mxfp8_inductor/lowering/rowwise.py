@@ -85,11 +85,11 @@ def _weight_operand(b_EKN: torch.Tensor, param: torch.Tensor | None, rounding: s
                     decomposing: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The weight's FP8 operand and scales for the forward ([E, K, N] view of a contiguous
     [E, N, K], scales [E, N]) or the input gradient ([E, N, K] view of a contiguous [E, K, N],
-    scales [E, K]). Reused under `param` or `shared`, it is the shared form: one float8 copy and
-    a scale per expert, which is both GEMMs' operand up to a byte transpose, so the weight cache
-    holds 1 byte per element (docs/design.md, "Weight cache"). Otherwise each GEMM scales its
-    rows along its own contraction."""
-    if param is None and not shared:
+    scales [E, K]). `shared`: the shared form, one float8 copy and a scale per expert, which is
+    both GEMMs' operand up to a byte transpose, reused under `param` (None: made for this GEMM);
+    so the weight cache holds 1 byte per element (docs/design.md, "Weight cache"). Otherwise
+    each GEMM scales the weight's rows along its own contraction."""
+    if not shared:
         w_fp8, w_scales = _rows(b_EKN if dgrad else b_EKN.transpose(-2, -1), rounding, decomposing)
         return w_fp8.contiguous().transpose(-2, -1), w_scales
     data_EKN, scale_E = weight_cache.quantized(b_EKN, param, ("fp8_rowwise", rounding),
@@ -109,9 +109,9 @@ def _grouped_or_dense(x_fp8, w_fp8, w_scales, x_scales, offs):
 
 
 def _cached_weight_gemm(x_fp8, x_scales, b_EKN, param, offs, rounding, dgrad):
-    """x_fp8 [M, C] times the weight's shared FP8 form, reused under `param`
-    (lowering/weight_cache.py): grouped when offs is given, else dense (b_EKN then [1, K, N], a
-    dense weight's transposed view)."""
+    """x_fp8 [M, C] times the weight's FP8 form, reused under `param` (lowering/weight_cache.py):
+    grouped when offs is given, else dense (b_EKN then [1, K, N], a dense weight's transposed
+    view). A reused weight is always the shared form: the one that serves both GEMMs."""
     w = _weight_operand(b_EKN, param, rounding, shared=True, dgrad=dgrad, decomposing=False)
     return _grouped_or_dense(x_fp8, *w, x_scales, offs)
 
