@@ -8,9 +8,10 @@ For each benchmark model whose expert GEMMs the rate table covers, per layer and
 models file; the expert GEMMs' time in bf16 and in FP8 at the table's rates (the faster of the two
 FP8 kernels per GEMM); the quantization's bytes at the copy rate, with each activation operand read
 once and written once in FP8 (rows for the forward and input gradient, token groups for the weight
-gradient, plus a read for the groups' amax) and each expert weight read once and written in both
-orientations once per step (the weight cache), or once per microbatch for each orientation
-(without it). Ceilings: bf16 layer time over the layer with FP8 GEMMs and that quantization;
+gradient, plus a read for the groups' amax) and each expert weight read once and written once
+per step in its one FP8 form, then byte-transposed for the input gradient in every microbatch
+(the weight cache), or read and written once per microbatch for each orientation (without
+it). Ceilings: bf16 layer time over the layer with FP8 GEMMs and that quantization;
 "producers" with every activation operand written in FP8 by the kernel that produces it (one
 byte per element for its rows and one for its token groups, nothing read back: scales local to
 a tile, `docs/design.md`, "Where the operands are quantized") and the weights cached; "free"
@@ -55,8 +56,11 @@ def ceiling(model: str, rates: list[dict], layer_ms: float, copy_tbps: float) ->
     # bytes per activation element: as passes, rows 3 (read, write) and token groups 5 (read,
     # write, amax read); written by their producers, 1 each
     act_bytes, act_producers_bytes = act_elems * (3 + 5), act_elems * (1 + 1)
-    quant_cached_ms = (act_bytes + weight_elems * 4) / copy_tbps / 1e9
-    quant_producers_ms = (act_producers_bytes + weight_elems * 4) / copy_tbps / 1e9
+    # a cached weight: bf16 read and FP8 written once per step, the FP8 form read and its
+    # transpose written once per microbatch
+    cached_weight_bytes = weight_elems * (3 + 2 * mb)
+    quant_cached_ms = (act_bytes + cached_weight_bytes) / copy_tbps / 1e9
+    quant_producers_ms = (act_producers_bytes + cached_weight_bytes) / copy_tbps / 1e9
     quant_uncached_ms = (act_bytes + weight_elems * 6 * mb) / copy_tbps / 1e9
     rest = layer_ms - bf16_ms
     return dict(model=model, layer_ms=layer_ms, bf16_gemm_ms=bf16_ms, fp8_gemm_ms=fp8_ms,
