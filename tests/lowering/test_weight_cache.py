@@ -19,6 +19,7 @@ from helpers import assert_bitwise_equal, make_offs
 
 import mxfp8_inductor as mx
 from mxfp8_inductor.kernels import reference, shared_weight
+from mxfp8_inductor.kernels.blockwise import SCALE_TILE, tiles
 from mxfp8_inductor.lowering import mxfp8
 from mxfp8_inductor.lowering import weight_cache as weights
 
@@ -130,6 +131,25 @@ def test_every_change_to_a_weight_is_seen(recipe, layout, route):
         for a, b in zip(got, _fresh(model, x, offs)):
             assert_bitwise_equal(a, b)
         before = got
+
+
+@pytest.mark.parametrize("layout", ["transposed", "contiguous"])
+@pytest.mark.parametrize("recipe", ["fp8_rowwise", "fp8_blockwise"])
+@pytest.mark.parametrize("route", ["eager", "pass"])
+def test_reuse_holds_one_byte_per_weight_element(recipe, layout, route):
+    """After a forward and backward, what the cache keeps until the next microbatch is one FP8
+    form per weight, whatever its layout: 1 byte per element (the emulated fp8_blockwise route's
+    padded to whole 128-tiles) and its scales, one fp32 per expert or per 128 x 128 block."""
+    model = Experts(recipe, layout, pass_route=route == "pass")
+    run = model if route == "eager" else torch.compile(model, backend="mxfp8",
+                                                       options={"recipe": recipe, "weight_cache": True})
+    x, offs = _inputs()
+    _step(run, model.w, x, offs)
+    if recipe == "fp8_rowwise":
+        assert weights.cached_bytes() == E * N * K + E * 4
+    else:
+        elements = E * N * K if x.is_cuda else E * tiles(N) * tiles(K) * SCALE_TILE**2
+        assert weights.cached_bytes() == elements + E * tiles(N) * tiles(K) * 4
 
 
 @pytest.mark.parametrize("recipe", ["fp8_rowwise", "fp8_blockwise", "mxfp8"])
