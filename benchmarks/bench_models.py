@@ -278,6 +278,20 @@ def worker(args: argparse.Namespace) -> dict:
 RAISED = re.compile(r"[\w.]+(Error|Exception|Unsupported)\b")  # a traceback's exception line
 
 
+def run_worker(cmd: list[str], timeout: float) -> tuple[dict | None, str | None]:
+    """A worker command in a fresh process: (the JSON object its last stdout line holds, None),
+    or (None, why it failed: the timeout, or the exception's own line (Dynamo's sits above a long
+    user-code trace) then the tail of its stderr)."""
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, f"timed out after {timeout:.0f} s"
+    if proc.returncode:
+        raised = [line for line in proc.stderr.splitlines() if RAISED.match(line)]
+        return None, f"failed: {raised[-1] if raised else ''}\n{proc.stderr[-2000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1]), None
+
+
 def summarize(runs: list[dict], depths: list[int]) -> list[dict]:
     """One row per model and variant: the deeper run's numbers and its per-layer and whole-step
     ratios to the bf16 runs of the same session (one invocation: variants side by side). Where
@@ -354,18 +368,11 @@ def main(argv: list[str] | None = None) -> None:
                 cmd = [sys.executable, __file__, "--worker", "--model", model, "--variant", variant,
                        "--depth", str(depth), "--device", args.device, "--microbatches", str(args.microbatches),
                        "--warmup", str(args.warmup), "--steps", str(args.steps), *(["--tiny"] if args.tiny else [])]
-                try:
-                    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-                except subprocess.TimeoutExpired:
-                    print(f"{model} {variant} depth {depth}: timed out after {args.timeout:.0f} s", flush=True)
+                result, error = run_worker(cmd, args.timeout)
+                if error:
+                    print(f"{model} {variant} depth {depth}: {error}", flush=True)
                     continue
-                if proc.returncode:
-                    # the exception's own line (Dynamo's sits above a long user-code trace), then the tail
-                    raised = [line for line in proc.stderr.splitlines() if RAISED.match(line)]
-                    print(f"{model} {variant} depth {depth}: failed: {raised[-1] if raised else ''}\n"
-                          f"{proc.stderr[-2000:]}", flush=True)
-                    continue
-                run = {"session": session, **json.loads(proc.stdout.strip().splitlines()[-1])}
+                run = {"session": session, **result}
                 runs.append(run)
                 write(args, meta, runs, depths)  # what has run survives a stopped benchmark
                 print(f"{model:<14} {variant:<12} depth {depth}: {run['step_ms']:8.1f} ms/step "

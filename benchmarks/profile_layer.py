@@ -71,11 +71,10 @@ import pathlib
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 
 import torch
-from bench_models import RAISED, build_training
+from bench_models import build_training, run_worker
 
 CLASSES = ("gemm", "quant_only", "producer+quant", "other")
 KERNELS = pathlib.Path(__file__).resolve().parents[1] / "mxfp8_inductor" / "kernels"
@@ -394,23 +393,15 @@ def main(argv: list[str] | None = None) -> None:
                "--microbatches", str(args.microbatches), "--warmup", str(args.warmup), "--device", args.device,
                *(["--tiny"] if args.tiny else []),
                *(["--keep-sources", str(args.keep_sources)] if args.keep_sources else [])]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            failed.append({"spec": spec, "error": f"timed out after {args.timeout:.0f} s"})
-            print(f"{spec}: {failed[-1]['error']}", flush=True)
-            continue
-        if proc.returncode:
-            raised = [line for line in proc.stderr.splitlines() if RAISED.match(line)]
-            failed.append({"spec": spec, "error": raised[-1] if raised else proc.stderr[-500:]})
-            print(f"{spec}: failed: {failed[-1]['error']}\n{proc.stderr[-2000:]}", flush=True)
-            continue
-        profiles.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-        report(profiles[-1], args.top)
+        profile, error = run_worker(cmd, args.timeout)
+        if error:
+            failed.append({"spec": spec, "error": error})
+            print(f"{spec}: {error}", flush=True)
+        else:
+            profiles.append(profile)
+            report(profile, args.top)
         out.parent.mkdir(parents=True, exist_ok=True)  # what has run survives a stopped run
         out.write_text(json.dumps({**meta, "profiles": profiles, "failed": failed}, indent=1) + "\n")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({**meta, "profiles": profiles, "failed": failed}, indent=1) + "\n")
     print(f"wrote {out}")
     if failed:
         sys.exit(1)
