@@ -24,9 +24,11 @@ minutes of autotuning per GEMM).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import datetime
 import json
+import logging
 import statistics
 from functools import partial
 
@@ -59,9 +61,10 @@ def measure(shape: str, variants: list[str], rounds: int, microbatches: int) -> 
     for variant in variants:
         mod = copy.deepcopy(block)
         fns[variant] = (mod, torch.compile(mod, backend=mxfp8_backend, options=options_of(variant)))
-    results, steps = {}, {}
+    results, steps, choices = {}, {}, {}
     for name, (mod, fn) in fns.items():
-        out = fwd_bwd(mod, fn, x, counts, grad)()
+        with pass_log() as choices[name]:  # the first call compiles: what the pass chose, per GEMM
+            out = fwd_bwd(mod, fn, x, counts, grad)()
         results[name] = [out.detach().clone(), x.grad.clone()] + [p.grad.clone() for p in mod.parameters()]
         steps[name] = train_step(mod, fn, x, counts, grad, microbatches)
     ms = interleaved(steps, rounds)
@@ -72,9 +75,25 @@ def measure(shape: str, variants: list[str], rounds: int, microbatches: int) -> 
         rows.append({"shape": shape, "recipe": v, "microbatches": microbatches,
                      "bf16_ms": statistics.median(ms["bf16"]), "ms": statistics.median(ms[v]),
                      "speedup": statistics.median(ratios),
-                     "speedup_rounds": ratios, "sqnr_out": sqnr(ref[0], results[v][0]),
+                     "speedup_rounds": ratios, "choices": choices[v], "sqnr_out": sqnr(ref[0], results[v][0]),
                      "sqnr_grads_min": min(sqnr(a, b) for a, b in zip(ref[1:], results[v][1:]))})
     return rows
+
+
+@contextlib.contextmanager
+def pass_log():
+    """The pass's log lines (one per rewritten GEMM: role, recipe, weight, reason) while in the block."""
+    lines, logger = [], logging.getLogger("mxfp8_inductor")
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: lines.append(record.getMessage())
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def fwd_bwd(mod: torch.nn.Module, fn, x: torch.Tensor, counts: torch.Tensor, grad: torch.Tensor):

@@ -6,7 +6,12 @@ Candidates are bf16 and every FP8 recipe that multiplies in FP8 on this device
 beat bf16 and is not timed. What is timed is the role's eager implementation (the recipe module's
 function with decomposing=False) on random operands of the GEMM's shape, in uniform token groups,
 the weight stored [E, N, K] as models store it; its quantization is made in every call, or with
-the weight cache on, reused as between two optimizer steps.
+the weight cache on, reused as between two optimizer steps. `compiled`: the role as a compiled
+model runs it, where fp8_rowwise's forward and input gradient take their activation already in
+FP8 rows, since Inductor fuses that quantization into the kernel producing the activation; they
+pay its extra write there (the float8 rows and scales beside the bf16 output), timed as a write
+of those bytes. Every other quantization (weights, the weight gradient's token groups, mxfp8's
+activations, which its ops keep opaque) costs in a compiled model what it costs eagerly.
 
 Times are kept per process and on disk in Inductor's cache directory, keyed by the GPU, the
 torch, Triton and package versions and the GEMM, so a shape is timed once per machine.
@@ -28,6 +33,7 @@ import torch
 from .. import routes
 from .._version import __version__
 from ..spec import GemmSpec, Impl, Role
+from . import rowwise
 from .impls import method
 
 _lock = threading.Lock()
@@ -126,32 +132,47 @@ def _operands(role: str, M: int, K: int, N: int, E: int, dense: bool, cached: bo
 
 
 def times(recipes: list[str], role: str, M: int, K: int, N: int, E: int, *, dense: bool, rounding: str,
-          cached: bool, device: torch.device) -> dict[str, float]:
+          cached: bool, compiled: bool, device: torch.device) -> dict[str, float]:
     """Milliseconds of one GEMM role in each of `recipes` (see `candidates`): M token rows (in E
-    uniform groups unless `dense`), contraction K, output width N; `cached`: the weight cache is on."""
+    uniform groups unless `dense`), contraction K, output width N; `cached`: the weight cache is on;
+    `compiled`: as a compiled model runs it (the module docstring)."""
     kind = "dense" if dense else "grouped"
     keys = {r: f"{_device_key(device)}|{kind}|{role}|{r}|M={M}|K={K}|N={N}|E={E}|{rounding}|cache={cached}"
-            for r in recipes}
+               f"|compiled={compiled}" for r in recipes}
     with _lock:
         known = _load()
         missing = [r for r, key in keys.items() if key not in known]
         if missing:
-            new = {keys[r]: _time(r, role, M, K, N, E, dense, rounding, cached, device) for r in missing}
+            new = {keys[r]: _time(r, role, M, K, N, E, dense, rounding, cached, compiled, device) for r in missing}
             known.update(new)
             _save(new)
         return {r: known[key] for r, key in keys.items()}
 
 
 def _time(recipe: str, role: str, M: int, K: int, N: int, E: int, dense: bool, rounding: str, cached: bool,
-          device: torch.device) -> float:
+          compiled: bool, device: torch.device) -> float:
     from torch.utils._python_dispatch import _disable_current_modes
 
     spec = GemmSpec(Role(role), Impl(recipe), rounding, reuse_weight=cached and role != Role.WEIGHT_GRAD, dense=dense)
-    gemm = method(spec)
     # the pass runs while a graph is traced: real tensors, no fake or proxy modes, no autograd
     on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     with _disable_current_modes(), torch.no_grad(), on_device:
         args = _operands(role, M, K, N, E, dense, cached, device)
-        # (operands, spec, decomposing), with the weight's parameter after the spec
-        call = (*args, spec, False) if spec.role is Role.WEIGHT_GRAD else (*args[:-1], spec, args[-1], False)
-        return _bench(lambda: gemm(*call))
+        if spec.role is Role.WEIGHT_GRAD:
+            return _bench(lambda: method(spec)(*args, spec, False))
+        x_MC, b, *offs, param = args
+        if not (compiled and spec.impl is Impl.FP8_ROWWISE):
+            return _bench(lambda: method(spec)(*args[:-1], spec, param, False))
+        # the activation's rows come quantized from their producer, which writes them beside its output
+        b_EKN, offs = (b.t()[None], None) if dense else (b, offs[0])
+        x_fp8, x_scales = rowwise.quantize_rows(x_MC, rounding, decomposing=False)
+        x_fp8 = x_fp8.contiguous()
+        x_bytes, scale_bytes = x_fp8.view(torch.uint8), x_scales.view(torch.uint8)
+        dgrad = spec.role is Role.INPUT_GRAD
+
+        def run():
+            x_bytes.fill_(0x38)  # 1.0 in float8_e4m3fn: the GEMM's values stay finite
+            scale_bytes.fill_(0)
+            return rowwise.quantized_weight_gemm(x_fp8, x_scales, b_EKN, offs, spec, param, dgrad, False)
+
+        return _bench(run)

@@ -16,6 +16,7 @@ import torch
 from .. import routes
 from ..kernels import rowwise, shared_weight
 from ..routes import Route
+from ..spec import GemmSpec
 from . import weight_cache
 from .library import OUT_DTYPE, define, define_cached_weight_gemm, define_fp8_grouped_mm
 
@@ -30,7 +31,7 @@ def quantizers(device: torch.device) -> types.ModuleType:
     return rowwise
 
 
-def _rows(x, rounding, decomposing):
+def quantize_rows(x: torch.Tensor, rounding: str, decomposing: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """One scale per row along the last dim: the pure-torch contract where Inductor lowers it
     (fused with the producer), the device's twin in an eager call."""
     if decomposing or x.device.type != "cuda":
@@ -90,7 +91,7 @@ def _weight_operand(b_EKN: torch.Tensor, param: torch.Tensor | None, rounding: s
     so the weight cache holds 1 byte per element (docs/design.md, "Weight cache"). Otherwise
     each GEMM scales the weight's rows along its own contraction."""
     if not shared:
-        w_fp8, w_scales = _rows(b_EKN if dgrad else b_EKN.transpose(-2, -1), rounding, decomposing)
+        w_fp8, w_scales = quantize_rows(b_EKN if dgrad else b_EKN.transpose(-2, -1), rounding, decomposing)
         return w_fp8.contiguous().transpose(-2, -1), w_scales
     data_EKN, scale_E = weight_cache.quantized(b_EKN, param, ("fp8_rowwise", rounding),
                                                functools.partial(_shared_form, rounding=rounding,
@@ -121,10 +122,16 @@ cached_weight_gemm_op = define_cached_weight_gemm("rowwise_cached_weight_gemm", 
 
 def _weight_gemm(x_MC, b_EKN, offs, spec, param, dgrad, decomposing):
     """x [M, C] (C = K forward, N input gradient) times the weight in FP8, x quantized here,
-    where Inductor fuses it with its producer; the weight's quantization reused under `param`
-    (None: made here, for this GEMM alone)."""
-    x_fp8, x_scales = _rows(x_MC, spec.rounding, decomposing)
-    x_fp8 = x_fp8.contiguous()
+    where Inductor fuses it with its producer."""
+    x_fp8, x_scales = quantize_rows(x_MC, spec.rounding, decomposing)
+    return quantized_weight_gemm(x_fp8.contiguous(), x_scales, b_EKN, offs, spec, param, dgrad, decomposing)
+
+
+def quantized_weight_gemm(x_fp8: torch.Tensor, x_scales: torch.Tensor, b_EKN: torch.Tensor, offs: torch.Tensor | None,
+                          spec: GemmSpec, param: torch.Tensor | None, dgrad: bool, decomposing: bool) -> torch.Tensor:
+    """A forward or input gradient once its activation is in FP8 rows (x_fp8 [M, C] contiguous,
+    x_scales [M]): what the compiled model runs beside the kernel producing x. The weight's
+    quantization reused under `param` (None: made here, for this GEMM alone)."""
     if param is not None:
         return cached_weight_gemm_op(x_fp8, x_scales, b_EKN, param, offs, spec.rounding, dgrad)
     w = _weight_operand(b_EKN, None, spec.rounding, spec.shared_weight, dgrad, decomposing)
@@ -180,6 +187,6 @@ def dense_weight_grad(grad_MN, x_MK, spec, decomposing):
         # change no scale and add nothing
         pad = -x_MK.shape[0] % rowwise.ALIGN
         grad_MN, x_MK = (torch.nn.functional.pad(t, (0, 0, 0, pad)) for t in (grad_MN, x_MK))
-    g_fp8_NM, g_scales_N = _rows(grad_MN.t(), rounding, decomposing)
-    x_fp8_KM, x_scales_K = _rows(x_MK.t(), rounding, decomposing)
+    g_fp8_NM, g_scales_N = quantize_rows(grad_MN.t(), rounding, decomposing)
+    x_fp8_KM, x_scales_K = quantize_rows(x_MK.t(), rounding, decomposing)
     return _mm(g_fp8_NM.contiguous(), x_fp8_KM.contiguous().t(), g_scales_N, x_scales_K)

@@ -69,7 +69,8 @@ def _static(n) -> int | None:
 
 
 def plan(site: Site, config: MXFP8Config) -> Plan:
-    """The recipe of each of the site's GEMMs (lowering/auto.py)."""
+    """The recipe of each of the site's GEMMs (lowering/auto.py), as Inductor compiles them: the op
+    decomposed, its activations' row quantization fused into their producers."""
     a, b = _val(site.a), _val(site.b)
     if site.dense:
         (N, K), E = (static_dim(n) for n in b.shape), 1
@@ -78,7 +79,7 @@ def plan(site: Site, config: MXFP8Config) -> Plan:
         E, K, N = (static_dim(n) for n in b.shape)
         M = _static(a.shape[0])
     return plan_for(config.recipe, config.wgrad, M=M, K=K, N=N, E=E, dense=site.dense, device=b.device,
-                    autotune=config.autotune, rounding=config.rounding, cached=config.weight_cache)
+                    autotune=config.autotune, rounding=config.rounding, cached=config.weight_cache, compiled=True)
 
 
 def _replace(site: Site, config: MXFP8Config, impls: tuple[Impl, Impl, Impl],

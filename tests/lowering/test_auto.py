@@ -8,7 +8,7 @@ import torch
 from models import MoEModel
 
 import mxfp8_inductor as mx
-from mxfp8_inductor.lowering import auto, dispatch
+from mxfp8_inductor.lowering import auto, dispatch, measure
 
 
 def _table(forward: float, dgrad: float, wgrad: float) -> dict:
@@ -240,6 +240,40 @@ def test_autotune_times_each_role_and_takes_fp8_where_faster_by_the_margin(timed
     auto.plan_for("auto", "quantized", **kw | dict(M=32, E=1, dense=True))
     assert dense.shapes == [(32, 128)] * 2 + [(32, 64)] * 2 + [(128, 64)] * 2
     assert auto.plan_for("auto", "quantized", **kw | dict(autotune=False)).reasons[0].endswith("(H200 table)")
+
+
+@pytest.mark.parametrize("dense", [False, True])
+@pytest.mark.parametrize("cached", [False, True])
+def test_compiled_roles_time_fp8_rowwise_with_its_activation_quantized_by_the_producer(timed, monkeypatch, cached,
+                                                                                       dense):
+    """As the pass plans (compiled), fp8_rowwise's forward and input gradient are timed with their
+    activation already in FP8 rows (Inductor fuses that quantization into its producer), the
+    weight's quantization still inside the timed call where it is not reused; the eager op's
+    plan (compiled=False) times the activation's quantization too, under keys of its own."""
+    from mxfp8_inductor.lowering import rowwise
+
+    real, quantized = rowwise.quantize_rows, []
+    monkeypatch.setattr(rowwise, "quantize_rows", lambda x, *a, **k: quantized.append(x.dim()) or real(x, *a, **k))
+    inside = []
+
+    def bench(fn):
+        quantized.clear()
+        out = fn()
+        inside.append((tuple(out.shape), sorted(quantized)))
+        return 1.0
+
+    monkeypatch.setattr(measure, "_bench", bench)
+    M, K, N, E = 64, 64, 128, 4
+    kw = dict(M=M, K=K, N=N, E=1 if dense else E, dense=dense, device=CPU, autotune=True, cached=cached)
+    weight = [] if cached else [3]  # the weight's rows (a dense one as [1, K, N]), quantized per call unless reused
+    for compiled in (True, False):
+        inside.clear()
+        auto.plan_for("auto", "quantized", **kw, compiled=compiled)
+        activation = [] if compiled else [2]
+        assert inside[0] == ((M, N), []) and inside[2] == ((M, K), [])  # bf16
+        assert inside[1] == ((M, N), sorted(activation + weight)), compiled
+        assert inside[3] == ((M, K), sorted(activation + weight)), compiled
+        assert len(inside) == 6  # the weight gradient as eagerly: its token groups have no producer to fuse into
 
 
 def test_measured_times_are_kept_on_disk_per_gemm_and_weight_cache(timed, tmp_path):
