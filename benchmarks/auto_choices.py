@@ -5,7 +5,9 @@ benchmark models on this GPU, with and without the weight cache, and how long th
 
 Each (K, N) is one expert weight's GEMM (w1 and w3 fused, as transformers stores them; then w2)
 at one microbatch's routed tokens of `bench_models.py`'s model (batch x sequence x top-k rows in
-uniform groups). The times are kept in Inductor's cache directory as in a compile: run with a
+uniform groups), timed as the pass times them for a compiled model (`compiled=True`:
+fp8_rowwise's forward and input gradient with their activation's rows quantized by its
+producer). The times are kept in Inductor's cache directory as in a compile: run with a
 fresh TORCHINDUCTOR_CACHE_DIR to time them anew.
 """
 
@@ -37,7 +39,7 @@ def main() -> None:
             for K, N in shapes:
                 start = time.perf_counter()
                 plan = auto.plan_for("auto", "quantized", M=M, K=K, N=N, E=E, dense=False, device=device,
-                                     autotune=True, cached=cached)
+                                     autotune=True, cached=cached, compiled=True)
                 seconds = time.perf_counter() - start
                 print(f"{model} weight_cache={cached} K={K} N={N}: {plan.impls} ({seconds:.1f} s)", flush=True)
                 for reason in plan.reasons:
