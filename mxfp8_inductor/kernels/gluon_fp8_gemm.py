@@ -9,12 +9,10 @@ checks it on a Hopper GPU):
          `tl` kernel: a group off a multiple of 16 tokens, or of 128 in the blockwise mode).
 Both operands K-major (b a transposed view); `offs` (group ends, int32) is never read on the host.
 
-Not wired into the dispatch: `available()` says whether this process can run it at all (CUDA, a
-9.x device, a Gluon whose Hopper API this module was written against); the `tl` kernels stay the
-CPU/interpreter path and the fallback. Every layout and mode has run bit-equal to the `tl` kernel
-on an H100; the speed of this version (sizes specialized, so the epilogue's stores vectorize) has
-not been measured yet, and the ops take it only once it is measured faster (docs/performance.md,
-"Gluon FP8 grouped GEMM").
+The package's FP8 grouped-GEMM ops (`lowering/library.define_fp8_grouped_mm`) run it wherever
+`available()` (CUDA, a 9.x device, a Gluon whose Hopper API this module was written against): it
+measured faster than the `tl` kernel in every layout and mode (docs/performance.md, "Gluon FP8
+grouped GEMM"). The `tl` kernels stay the CPU/interpreter path and the fallback.
 
 Schedule, per persistent program (one per SM), in four partitions:
   - two consumer warpgroups (the default partition and a 4-warp worker), each owning its own
@@ -102,6 +100,7 @@ DEFAULT = Config()
 VARIANTS = [DEFAULT, Config(ORDERED=True)]
 
 
+@functools.cache
 def available() -> bool:
     """Whether this process can run the Gluon kernel: Gluon imported, a CUDA device of compute
     capability 9.x. Costs no GPU work."""

@@ -33,13 +33,16 @@ def like(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def define_fp8_grouped_mm(name: str, kernel: str) -> torch._ops.OpOverload:
-    """An op `name(a, b, scale_a, scale_b, offs)` running `kernels.triton_fp8_gemm.<kernel>`, one of
-    our Triton FP8 grouped GEMMs: 2d-3d -> [M, N], 2d-2d -> [G, K, N], bf16."""
+    """An op `name(a, b, scale_a, scale_b, offs)` running one of our FP8 grouped GEMMs, `kernel`
+    of `kernels.gluon_fp8_gemm` on a Hopper GPU (faster than the `tl` kernel in every layout and
+    mode: docs/performance.md, "Gluon FP8 grouped GEMM"), of `kernels.triton_fp8_gemm` elsewhere,
+    bit for bit the same: 2d-3d -> [M, N], 2d-2d -> [G, K, N], bf16."""
 
     def impl(a, b, scale_a, scale_b, offs):
-        from ..kernels import triton_fp8_gemm  # imported lazily: triton is optional off Linux
+        from ..kernels import gluon_fp8_gemm, triton_fp8_gemm  # imported lazily: triton is optional off Linux
 
-        return getattr(triton_fp8_gemm, kernel)(a, b, scale_a, scale_b, offs)
+        kernels = gluon_fp8_gemm if a.is_cuda and gluon_fp8_gemm.available() else triton_fp8_gemm
+        return getattr(kernels, kernel)(a, b, scale_a, scale_b, offs)
 
     def fake(a, b, scale_a, scale_b, offs):
         if b.dim() == 3:

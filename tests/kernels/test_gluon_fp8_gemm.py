@@ -227,3 +227,27 @@ def test_imports_and_refuses_without_a_hopper_gpu():
                                                                  offs)):
             with pytest.raises(RuntimeError, match="CUDA Hopper GPU"):
                 call()
+
+
+@gpu
+@pytest.mark.gpu
+def test_the_ops_run_gluon_on_hopper_with_the_tl_kernels_bits(monkeypatch):
+    """The package's FP8 grouped-GEMM ops run the Gluon kernel on a Hopper GPU, in both layouts
+    and modes, and give the `tl` kernel's bits."""
+    from mxfp8_inductor.lowering.blockwise import blockwise_grouped_mm_op
+    from mxfp8_inductor.lowering.rowwise import fp8_grouped_mm_op
+
+    taken = []
+    for kernel in ("scaled_grouped_mm", "blockwise_grouped_mm"):
+        fn = getattr(gluon_fp8_gemm, kernel)
+        monkeypatch.setattr(gluon_fp8_gemm, kernel, lambda *a, _fn=fn, _k=kernel: taken.append(_k) or _fn(*a))
+    for op, kernel, blockwise in ((fp8_grouped_mm_op, "scaled_grouped_mm", False),
+                                  (blockwise_grouped_mm_op, "blockwise_grouped_mm", True)):
+        for layout, args in (("2d-3d", operands_2d3d("uneven", blockwise, seed=7)),
+                             ("2d-2d", operands_2d2d("uneven", blockwise, seed=7))):
+            taken.clear()
+            got = op(*args)
+            want = getattr(triton_fp8_gemm, kernel)(*args)
+            assert taken == [kernel], (kernel, layout)
+            rows = int(args[4][-1]) if layout == "2d-3d" else got.shape[0]
+            assert_bitwise_equal(got[:rows], want[:rows])
