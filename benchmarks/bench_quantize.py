@@ -2,11 +2,14 @@
 of a device-to-device copy measured in the same run; or, with --sweep / --sweep-rowwise, the same
 per tile shape, which is how the kernels' tiles were chosen; or, with --rowwise-paths, the
 fp8_rowwise weight-gradient quantizer's one-kernel and two-kernel paths side by side, which is
-how `triton_rowwise.GROUPS_KERNEL_MIN_GROUPS` was chosen.
+how `triton_rowwise.GROUPS_KERNEL_MIN_GROUPS` was chosen; or, with --transpose, the FP8 byte
+transpose of each benchmark model's expert weights (the input gradient's orientation of the weight
+cache's one form) by `triton_transpose.contiguous` beside torch's `.contiguous()`.
 
     python benchmarks/bench_quantize.py [--out benchmarks/results/quantize_h200.json] [--quick]
     python benchmarks/bench_quantize.py --sweep | --sweep-rowwise
     python benchmarks/bench_quantize.py --rowwise-paths [--out benchmarks/results/rowwise_paths_h200.json]
+    python benchmarks/bench_quantize.py --transpose [--out benchmarks/results/transpose_h200.json]
 
 Bytes counted: each input element read once, each output element (data, scales) written once.
 `do_bench` times the GPU, but a call whose host work outlasts its kernels shows the host.
@@ -21,11 +24,11 @@ from functools import partial
 
 import torch
 import triton
-from shapes import SHAPES, TOKENS, require_gpu, uneven_counts
+from shapes import MODEL_EXPERT_GEMMS, SHAPES, TOKENS, require_gpu, uneven_counts
 from triton.testing import do_bench
 
 from mxfp8_inductor.kernels import triton_mx as tri
-from mxfp8_inductor.kernels import triton_rowwise
+from mxfp8_inductor.kernels import triton_rowwise, triton_transpose
 
 
 def nbytes(*ts) -> int:
@@ -134,6 +137,27 @@ def rowwise_paths(out: str) -> None:
     save(out, copy_GBps, rows)
 
 
+def transpose(out: str) -> None:
+    """Per expert weight of `MODEL_EXPERT_GEMMS` ([E, N, K] float8, transposed to [E, K, N]
+    contiguous), our byte transpose and torch's strided copy, checked to give the same bytes."""
+    copy_GBps, rows = copy_rate(), []
+    for model, (E, _, *gemms) in MODEL_EXPERT_GEMMS.items():
+        for K, N in gemms:
+            w_ENK = torch.randint(0, 256, (E, N, K), device="cuda", dtype=torch.uint8).view(torch.float8_e4m3fn)
+            view_EKN = w_ENK.transpose(-2, -1)
+            same = torch.equal(triton_transpose.contiguous(view_EKN).view(torch.uint8),
+                               view_EKN.contiguous().view(torch.uint8))
+            ms = {"ours": do_bench(partial(triton_transpose.contiguous, view_EKN), return_mode="median"),
+                  "torch": do_bench(view_EKN.contiguous, return_mode="median")}
+            row = {"model": model, "E": E, "K": K, "N": N, "same_bytes": same, **{f"{k}_ms": v for k, v in ms.items()},
+                   **{f"{k}_fraction_of_copy": 2 * w_ENK.numel() / v / 1e6 / copy_GBps for k, v in ms.items()}}
+            rows.append(row)
+            print(f"{model:<16} {E}x{K}x{N} same={same} ours {ms['ours']:.4f} ms "
+                  f"({row['ours_fraction_of_copy']:.2f}x copy)  torch {ms['torch']:.4f} ms "
+                  f"({row['torch_fraction_of_copy']:.2f}x copy)", flush=True)
+    save(out, copy_GBps, rows)
+
+
 def sweep_rowwise() -> None:
     """Fraction of copy bandwidth per tile of the fp8_rowwise weight-gradient quantizer's paths:
     at many token groups (those of bench_moe_block.py's fine-grained models) its one kernel per
@@ -184,6 +208,7 @@ def main() -> None:
     p.add_argument("--sweep", action="store_true", help="time tile shapes of the quantize kernel, then exit")
     p.add_argument("--sweep-rowwise", action="store_true", help="the same for the rowwise weight-gradient quantizer")
     p.add_argument("--rowwise-paths", action="store_true", help="its one-kernel and two-kernel paths side by side")
+    p.add_argument("--transpose", action="store_true", help="the FP8 weights' byte transpose, ours and torch's")
     args = p.parse_args()
     require_gpu()
     if args.sweep or args.sweep_rowwise:
@@ -191,6 +216,9 @@ def main() -> None:
         return
     if args.rowwise_paths:
         rowwise_paths(args.out or "benchmarks/results/rowwise_paths_h200.json")
+        return
+    if args.transpose:
+        transpose(args.out or "benchmarks/results/transpose_h200.json")
         return
     copy_GBps = copy_rate()
     rows = []

@@ -25,7 +25,7 @@ from ..kernels import blockwise
 from ..kernels.blockwise import SCALE_TILE
 from ..routes import Route
 from . import weight_cache
-from .library import define, define_cached_weight_gemm, define_fp8_grouped_mm
+from .library import contiguous, define, define_cached_weight_gemm, define_fp8_grouped_mm
 
 blockwise_grouped_mm_op = define_fp8_grouped_mm("blockwise_grouped_mm", "blockwise_grouped_mm")
 
@@ -62,7 +62,7 @@ def _quantize_weight(b_EKN: torch.Tensor, rounding: str) -> tuple[torch.Tensor, 
     return blockwise.quantize_weight(_for_route(b_EKN, 1, 2), rounding)
 
 
-def _weight_operand(b_EKN: torch.Tensor, param: torch.Tensor | None, rounding: str, dgrad: bool):
+def _weight_operand(b_EKN: torch.Tensor, param: torch.Tensor | None, rounding: str, dgrad: bool, decomposing: bool):
     """The weight's FP8 operand and block scales for the forward ([E, K, N] view of a contiguous
     [E, N, K], scales [E, K / 128, N / 128]) or the input gradient ([E, N, K] view of a contiguous
     [E, K, N], the scales transposed). One quantization serves both, the second a byte transpose of
@@ -72,7 +72,7 @@ def _weight_operand(b_EKN: torch.Tensor, param: torch.Tensor | None, rounding: s
     data_ENK, scales = (quantize(b_EKN) if param is None else
                         weight_cache.quantized(b_EKN, param, ("fp8_blockwise", rounding), quantize))
     if dgrad:
-        return data_ENK.transpose(-2, -1).contiguous().transpose(-2, -1), scales.transpose(-2, -1)
+        return contiguous(data_ENK.transpose(-2, -1), decomposing).transpose(-2, -1), scales.transpose(-2, -1)
     return data_ENK.transpose(-2, -1), scales
 
 
@@ -87,7 +87,7 @@ def _times_weight(x_fp8, x_scales, w_fp8, w_scales, b_EKN, offs, dgrad):
 
 
 def _cached_weight_gemm(x_fp8, x_scales, b_EKN, param, offs, rounding, dgrad):
-    w_fp8, w_scales = _weight_operand(b_EKN, param, rounding, dgrad)
+    w_fp8, w_scales = _weight_operand(b_EKN, param, rounding, dgrad, decomposing=False)
     return _times_weight(x_fp8, x_scales, w_fp8, w_scales, b_EKN, offs, dgrad)
 
 
@@ -103,7 +103,7 @@ def _weight_gemm(x_MC, b_EKN, offs, rounding, param, dgrad):
     offs = _one_group(x_MC) if offs is None else offs
     if param is not None:
         return cached_weight_gemm_op(x_fp8, x_scales, b_EKN, param, offs, rounding, dgrad)
-    w_fp8, w_scales = _weight_operand(b_EKN, None, rounding, dgrad)
+    w_fp8, w_scales = _weight_operand(b_EKN, None, rounding, dgrad, decomposing=True)
     return _times_weight(x_fp8, x_scales, w_fp8, w_scales, b_EKN, offs, dgrad)
 
 

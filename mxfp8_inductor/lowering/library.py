@@ -1,4 +1,5 @@
-"""How the package's per-step ops are defined: the `mxfp8` op library and its output dtype."""
+"""How the package's per-step ops are defined: the `mxfp8` op library and its output dtype; and
+the FP8 byte transpose their eager bodies share."""
 
 from __future__ import annotations
 
@@ -64,3 +65,14 @@ def define_cached_weight_gemm(name: str, impl: Callable) -> torch._ops.OpOverloa
 
     schema = "(Tensor x_fp8, Tensor x_scales, Tensor b, Tensor param, Tensor? offs, str rounding, bool dgrad) -> Tensor"
     return define(name, schema, impl, fake)
+
+
+def contiguous(x: torch.Tensor, decomposing: bool) -> torch.Tensor:
+    """`x.contiguous()`: in an eager call on a GPU by our tiled byte transpose where x is a
+    transposed FP8 view (`kernels/triton_transpose.py`), torch's strided copy being slow at 1-byte
+    elements; where Inductor lowers the graph (`decomposing`), its own."""
+    if decomposing or not x.is_cuda:
+        return x.contiguous()
+    from ..kernels import triton_transpose  # imported lazily: triton is optional off Linux
+
+    return triton_transpose.contiguous(x)

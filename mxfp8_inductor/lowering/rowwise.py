@@ -18,7 +18,7 @@ from ..kernels import rowwise, shared_weight
 from ..routes import Route
 from ..spec import GemmSpec
 from . import weight_cache
-from .library import OUT_DTYPE, define, define_cached_weight_gemm, define_fp8_grouped_mm
+from .library import OUT_DTYPE, contiguous, define, define_cached_weight_gemm, define_fp8_grouped_mm
 
 
 def quantizers(device: torch.device) -> types.ModuleType:
@@ -98,8 +98,9 @@ def _weight_operand(b_EKN: torch.Tensor, param: torch.Tensor | None, rounding: s
                                                                  decomposing=decomposing))
     E, K, N = data_EKN.shape
     if dgrad:
-        return data_EKN.contiguous().transpose(-2, -1), scale_E[:, None].expand(E, K).contiguous()
-    return data_EKN.transpose(-2, -1).contiguous().transpose(-2, -1), scale_E[:, None].expand(E, N).contiguous()
+        return contiguous(data_EKN, decomposing).transpose(-2, -1), scale_E[:, None].expand(E, K).contiguous()
+    return (contiguous(data_EKN.transpose(-2, -1), decomposing).transpose(-2, -1),
+            scale_E[:, None].expand(E, N).contiguous())
 
 
 def _grouped_or_dense(x_fp8, w_fp8, w_scales, x_scales, offs):
