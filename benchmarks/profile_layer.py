@@ -41,9 +41,10 @@ its last two dims swapped): an Inductor kernel's own arguments; for a package ke
 arguments the profiler does not see, the first tensor of the package op that launched it (also
 where 3-D: the package's ops take activations as [tokens, features], expert weights and their
 slices as [E, K, N]), or where the kernel's or op's name says weight (not weight_grad) or
-matrix. Where no shapes were recorded (C++ kernels): where "transpose" is in an Inductor
-kernel's name or fused ATen ops (each expert weight enters its GEMM as a `.transpose(-2, -1)`
-view). Else "activation".
+matrix. Where no shapes were recorded (a GPU profile's Inductor kernels, C++ kernels): a
+quantization-only kernel where "transpose" is in its name or fused ATen ops (each expert weight
+enters its GEMM as a `.transpose(-2, -1)` view); a producer's never (backward kernels fuse
+transposes of activations, and a weight has no producer in the graph). Else "activation".
 
 Bytes: Inductor estimates each of its kernels' traffic at compile time (`kernel_num_gb` in its
 `inductor_meta`, emitted with `torch._inductor.config.benchmark_kernel`, which this script
@@ -209,7 +210,9 @@ def classify(name: str, op, sources: tuple[dict, dict], param_shapes: set, packa
         row.update(origin="inductor", file=kwinputs.get("kernel_file"), gb=float(gb) if gb else None)
         if cls in ("quant_only", "producer+quant"):
             weight = _param_shaped(op.input_shapes if op is not None else None, param_shapes)
-            row["operand"] = "weight" if (source.says_transpose() if weight is None else weight) else "activation"
+            if weight is None:  # a weight has no producer in the graph: only a cast of it can be its
+                weight = cls == "quant_only" and source.says_transpose()
+            row["operand"] = "weight" if weight else "activation"
         return {**row, "class": cls}
     if name in package["gemm"]:
         return {**row, "class": "gemm", "origin": "mxfp8_inductor"}

@@ -84,6 +84,14 @@ def test_launch_classes():
         "quant_only", "activation", 0.5)
     assert launch("triton_per_fused_0", "triton_per_fused_0", [(8, 128, 64), (8, 64, 128)], inductor) == (
         "quant_only", "weight", 0.5)
+    # no shapes recorded (a GPU profile's Inductor kernels): a cast fusing a transpose is a weight's,
+    # a producer fusing one (SwiGLU's backward) an activation's
+    cast_t = profile_layer.Source("triton_poi_fused_transpose_1", HEAD.format(signature=FP8) + ROWWISE, "", "triton")
+    silu_t = profile_layer.Source("triton_poi_fused_silu_transpose_2", HEAD.format(signature=FP8) + SWIGLU, "",
+                                  "triton")
+    for src, want in ((cast_t, ("quant_only", "weight")), (silu_t, ("producer+quant", "activation"))):
+        row = profile_layer.classify(src.name, None, ({}, {src.name: [src]}), params, package)
+        assert (row["class"], row["operand"]) == want, src.name
     assert launch("_quantize_groups_kernel", "mxfp8::quantize_groups_rowwise", [(256, 64), (8,)]) == (
         "quant_only", "activation", None)
     assert launch("mx_quant_kernel", "mxfp8::quantize_dequantize", [(8, 128, 64), ()]) == ("quant_only", "weight", None)
