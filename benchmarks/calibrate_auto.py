@@ -3,8 +3,9 @@
     python benchmarks/calibrate_auto.py [--out mxfp8_inductor/lowering/auto_h200.json] [--quick] [--no-reuse]
 
 Every role (forward, input gradient, weight gradient) of the grouped GEMM op and of the dense
-linear op runs compiled (Inductor decomposes it as in a model, with the quantizers fused into
-their producers) at each calibrated (K, N) and token count, in bf16 and each recipe, the weight's
+linear op runs compiled (Inductor decomposes it as in a model; the activation is the graph's
+input, so its quantization is a kernel of its own, where a model's fuses it into its producer)
+at each calibrated (K, N) and token count, in bf16 and each recipe, the weight's
 quantization reused (as with weight_cache=True, once per optimizer step; --no-reuse: every GEMM
 quantizes its weight, the default of the ops). The JSON is the
 cost model's data (mxfp8_inductor/lowering/auto.py): per (kind, K, N, role, recipe), the token
