@@ -1,7 +1,7 @@
 """What `recipe="auto"` chooses by measurement (autotune on) for the routed-expert GEMMs of the
 benchmark models on this GPU, with and without the weight cache, and how long the timing takes.
 
-    python benchmarks/auto_choices.py [--out benchmarks/results/auto_choices_h200.json]
+    python benchmarks/auto_choices.py [--out benchmarks/results/auto_choices_<card>.json]
 
 Each (K, N) is one expert weight's GEMM (w1 and w3 fused, as transformers stores them; then w2)
 at one microbatch's routed tokens of `bench_models.py`'s model (batch x sequence x top-k rows in
@@ -29,9 +29,11 @@ MODELS = {name: gemms for name, gemms in MODEL_EXPERT_GEMMS.items() if name != "
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results/auto_choices_h200.json"))
+    p.add_argument("--out", type=pathlib.Path, help="default benchmarks/results/auto_choices_<card>.json")
     args = p.parse_args()
     require_gpu()
+    card = "h200" if "H200" in torch.cuda.get_device_name() else "h100"
+    args.out = args.out or pathlib.Path(f"benchmarks/results/auto_choices_{card}.json")
     device = torch.device("cuda")
     rows = []
     for cached in (False, True):
