@@ -19,7 +19,7 @@ import pathlib
 import time
 
 import torch
-from shapes import MODEL_EXPERT_GEMMS, require_gpu
+from shapes import MODEL_EXPERT_GEMMS, card, require_gpu
 
 from mxfp8_inductor.lowering import auto
 
@@ -32,8 +32,7 @@ def main() -> None:
     p.add_argument("--out", type=pathlib.Path, help="default benchmarks/results/auto_choices_<card>.json")
     args = p.parse_args()
     require_gpu()
-    card = "h200" if "H200" in torch.cuda.get_device_name() else "h100"
-    args.out = args.out or pathlib.Path(f"benchmarks/results/auto_choices_{card}.json")
+    args.out = args.out or pathlib.Path(f"benchmarks/results/auto_choices_{card()}.json")
     device = torch.device("cuda")
     rows = []
     for cached in (False, True):

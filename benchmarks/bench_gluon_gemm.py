@@ -27,7 +27,7 @@ import sys
 import torch
 import triton
 from bench_moe_block import interleaved
-from shapes import require_gpu
+from shapes import card, require_gpu
 
 from mxfp8_inductor.kernels import gluon_fp8_gemm, triton_fp8_gemm
 from mxfp8_inductor.kernels.blockwise import SCALE_TILE, tiles
@@ -122,8 +122,7 @@ def main() -> None:
     roles, modes = args.roles.split(","), args.modes.split(",")
     if not set(roles) <= set(ROLES) or not set(modes) <= set(MODES):
         sys.exit(f"{sys.argv[0]}: roles must be of {ROLES}, modes of {MODES}")
-    card = "h200" if "H200" in torch.cuda.get_device_name() else "h100"
-    out = args.out or f"benchmarks/results/gluon_gemm_{card}.json"
+    out = args.out or f"benchmarks/results/gluon_gemm_{card()}.json"
     picked = [int(i) for i in args.variants.split(",")] if args.variants else range(len(gluon_fp8_gemm.VARIANTS))
     variants = [(i, gluon_fp8_gemm.VARIANTS[i]) for i in picked]
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,

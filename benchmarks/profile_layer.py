@@ -76,6 +76,7 @@ import sys
 
 import torch
 from bench_models import build_training, run_worker
+from shapes import card
 
 CLASSES = ("gemm", "quant_only", "producer+quant", "other")
 KERNELS = pathlib.Path(__file__).resolve().parents[1] / "mxfp8_inductor" / "kernels"
@@ -349,13 +350,6 @@ def report(p: dict, top: int) -> None:
     if len(p["kernels"]) > len(quant) + len(rest):
         print(f"  ... {len(p['kernels']) - len(quant) - len(rest)} more kernels (--top, or the JSON file)")
     print(flush=True)
-
-
-def card(device: str) -> str:
-    if device != "cuda":
-        return "cpu"
-    found = re.search(r"\b([A-Z]\d{2,4})\b", torch.cuda.get_device_name())
-    return found.group(1).lower() if found else "gpu"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -8,6 +8,7 @@ experts. Each block gets TOKENS routed tokens in uneven groups.
 
 from __future__ import annotations
 
+import re
 import sys
 
 import torch
@@ -38,6 +39,14 @@ def require_gpu() -> None:
     """Exit with a message on a machine without a CUDA GPU (the timings are of GPU kernels)."""
     if not torch.cuda.is_available():
         sys.exit(f"{sys.argv[0]}: needs a CUDA GPU")
+
+
+def card(device: str = "cuda") -> str:
+    """The GPU's model in lower case ("h100", "h200"), as result files are named; "cpu" off CUDA."""
+    if device != "cuda":
+        return "cpu"
+    found = re.search(r"\b([A-Z]\d{2,4})\b", torch.cuda.get_device_name())
+    return found.group(1).lower() if found else "gpu"
 
 
 class GroupedExperts(nn.Module):
