@@ -56,6 +56,7 @@ import torch
 
 from . import triton_common as tc
 from . import triton_fp8_gemm as tfg
+from .launch import launch_keyed
 
 try:  # Gluon's Hopper API as of triton 3.6; any other triton may lack or move a name
     from triton.experimental import gluon
@@ -436,9 +437,6 @@ def _grouped_mm(a, b, scale_a, scale_b, offs, cfg: Config, blockwise: bool = Fal
         raise ValueError(f"out must be a contiguous bf16 {list(out_shape)}, got {out.dtype} {tuple(out.shape)}")
     if out.numel() == 0:
         return out
-    a_layout, b_layout = _layouts()
-    a_desc = TensorDescriptor(a, [R, C], [a.stride(0), 1], [SUB_M, BK], a_layout)
-    b_desc = TensorDescriptor(b_rows, [b_rows.shape[0], C], [b_rows.stride(0), 1], [BN, BK], b_layout)
     if not blockwise:
         scale_a, scale_b = scale_a.contiguous(), scale_b.contiguous()
         strides = (0,) * 5
@@ -446,8 +444,21 @@ def _grouped_mm(a, b, scale_a, scale_b, offs, cfg: Config, blockwise: bool = Fal
         strides = (scale_a.stride(1), scale_a.stride(0), 0, *scale_b.stride())
     else:  # sa [M, K / 128], sb [E, K / 128, N / 128]
         strides = (*scale_a.stride(), *scale_b.stride())
-    _gemm_kernel[(tfg._sms(a.device),)](
-        a_desc, b_desc, scale_a, scale_b, out, offs, R, N, C, E, *strides,
-        EP=max(tc.pow2(E), 32), WGRAD=wgrad, BLOCKWISE=blockwise, STAGES=cfg.STAGES, ORDERED=cfg.ORDERED,
-        CONSUMER_REGS=cfg.CONSUMER_REGS, PRODUCER_REGS=cfg.PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
+    B = b_rows.shape[0]
+
+    def prepare():
+        a_layout, b_layout = _layouts()
+        a_desc = TensorDescriptor(a, [R, C], [a.stride(0), 1], [SUB_M, BK], a_layout)
+        b_desc = TensorDescriptor(b_rows, [B, C], [b_rows.stride(0), 1], [BN, BK], b_layout)
+        consts = dict(EP=max(tc.pow2(E), 32), WGRAD=wgrad, BLOCKWISE=blockwise, STAGES=cfg.STAGES,
+                      ORDERED=cfg.ORDERED, CONSUMER_REGS=cfg.CONSUMER_REGS, PRODUCER_REGS=cfg.PRODUCER_REGS,
+                      num_warps=4, maxnreg=MAXNREG)
+        args = (a_desc, b_desc, scale_a, scale_b, out, offs, R, N, C, E, *strides)
+        return _gemm_kernel, (tfg._sms(a.device),), args, consts
+
+    # bound once per key (kernels/launch.py), which fixes every launch argument but the tensors,
+    # the descriptors' shapes and strides included: Triton's own launch binds and checks each
+    # argument and builds both descriptors on every call, more host time than a small GEMM's GPU time
+    key = (_gemm_kernel, cfg, blockwise, R, N, C, E, B, a.stride(0), b_rows.stride(0), *strides)
+    launch_keyed(key, (a, b_rows, scale_a, scale_b, out, offs), prepare)
     return out

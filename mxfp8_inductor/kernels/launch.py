@@ -10,11 +10,14 @@ straight to its launcher, as Inductor launches its own kernels. Off CUDA (the in
 `launch_keyed` goes one step further for callers that launch one kernel with the same arguments
 but new tensors every step: under the caller's key it keeps the launch with everything but the
 tensors fixed (`bind`), so the caller's own argument computation and the key above are paid once
-per shape, not per call.
+per shape, not per call. A host TMA descriptor over one of those tensors (a Gluon kernel's
+argument) is rebuilt over the new tensor without its constructor's checks, which the key makes
+hold: they read only the tensor's dtype and alignment and what the key fixes.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import torch
@@ -37,6 +40,12 @@ def _run(compiled, grid: tuple[int, int, int], device: int, full) -> None:
                  knobs.runtime.launch_exit_hook, *full)
 
 
+def _first_launch(kernel, grid, args, kwargs):
+    """`kernel[grid](*args, **kwargs)` -> the compiled kernel and the names of the parameters its
+    launcher takes after `args`, constexprs included, in signature order."""
+    return kernel[grid](*args, **kwargs), kernel.arg_names[len(args):]
+
+
 def _launch_cached(kernel, grid, args, kwargs):
     """Launch on a CUDA device; returns the compiled kernel and its full argument tuple."""
     device = args[0].device.index  # the launch device, which the key and the stream follow
@@ -49,10 +58,8 @@ def _launch_cached(kernel, grid, args, kwargs):
     if entry is None:
         if len(_compiled) >= _MAX_ENTRIES:
             _compiled.clear()
-        compiled = kernel[grid](*args, **kwargs)
-        # its launcher takes every parameter in signature order, constexprs included
-        entry = _compiled[key] = (compiled, kernel.arg_names[len(args):])
-        return compiled, (*args, *(kwargs[name] for name in entry[1]))
+        entry = _compiled[key] = _first_launch(kernel, grid, args, kwargs)
+        return entry[0], (*args, *(kwargs[name] for name in entry[1]))
     compiled, tail = entry
     full = (*args, *(kwargs[name] for name in tail))
     _run(compiled, _grid3(grid, kwargs), device, full)
@@ -69,33 +76,58 @@ def launch(kernel, grid: tuple[int, ...], *args, **kwargs) -> None:
         kernel[_grid3(grid, kwargs)](*args, **kwargs)
 
 
+def _slot(a, tensors: tuple) -> int | None:
+    """The index in `tensors` of the object `a` is, or of the tensor a host TMA descriptor `a`
+    is over (its `base`); None for any other argument."""
+    base = a if isinstance(a, torch.Tensor) else getattr(a, "base", None)
+    if not isinstance(base, torch.Tensor):
+        return None
+    return next((j for j, t in enumerate(tensors) if t is base), None)
+
+
+def _over(a, t: torch.Tensor | None):
+    """Argument `a` for tensor `t`: t itself, or a copy of descriptor `a` over t."""
+    if isinstance(a, torch.Tensor):
+        return t
+    moved = copy.copy(a)  # not the constructor: its checks cost a launch's host time, and hold (module doc)
+    moved.base = t
+    return moved
+
+
 def bind(kernel, grid: tuple[int, ...], args: tuple, kwargs: dict, tensors: tuple) -> Callable[..., None]:
-    """`launch(kernel, grid, *args, **kwargs)`, returning `relaunch(*new)`: the same launch with
-    new[j] wherever `args` holds tensors[j] (the same object; None entries are skipped). The
-    caller keys `relaunch` on all it fixes: every other argument, and the new tensors' dtypes and
-    16-byte alignment, which the compiled kernel is specialized on."""
-    slots = [next((j for j, t in enumerate(tensors) if t is a), None) if isinstance(a, torch.Tensor) else None
-             for a in args]
-    if not args[0].is_cuda:
-        launch(kernel, grid, *args, **kwargs)
-        base = [a if j is None else None for a, j in zip(args, slots)]
-
-        def relaunch(*new) -> None:
-            kernel[_grid3(grid, kwargs)](*[a if j is None else new[j] for a, j in zip(base, slots)], **kwargs)
-
-        return relaunch
-    device = args[0].device.index
-    compiled, full = _launch_cached(kernel, grid, args, kwargs)
+    """`launch(kernel, grid, *args, **kwargs)` (tensors[0] on the launch device), returning
+    `relaunch(*new)`: the same launch with new[j] wherever `args` holds tensors[j] (the same
+    object; None entries are skipped), and host TMA descriptors over tensors[j] moved onto new[j].
+    The caller keys `relaunch` on all it fixes: every other argument, each descriptor's shape,
+    strides, block and layout, and the new tensors' dtypes and 16-byte alignment, which the
+    compiled kernel is specialized on."""
+    slots = [_slot(a, tensors) for a in args]
     grid3 = _grid3(grid, kwargs)
     # the bound launch keeps no tensor the caller passes per call alive
-    fixed = [a if j is None else None for a, j in zip(full, slots + [None] * (len(full) - len(slots)))]
-    moved = [(i, j) for i, j in enumerate(slots) if j is not None]
+    base = [a if j is None else None for a, j in zip(args, slots)]
+    templates = {i: _over(a, None) for i, (a, j) in enumerate(zip(args, slots))
+                 if j is not None and not isinstance(a, torch.Tensor)}
+    moved = [(i, j, templates.get(i)) for i, j in enumerate(slots) if j is not None]
+
+    def bound_args(new) -> list:
+        full = base.copy()
+        for i, j, template in moved:
+            full[i] = new[j] if template is None else _over(template, new[j])
+        return full
+
+    if not tensors[0].is_cuda:
+        kernel[grid3](*args, **kwargs)
+
+        def relaunch(*new) -> None:
+            kernel[grid3](*bound_args(new), **kwargs)
+
+        return relaunch
+    device = tensors[0].device.index
+    compiled, tail = _first_launch(kernel, grid, args, kwargs)
+    base += [kwargs[name] for name in tail]
 
     def relaunch(*new) -> None:
-        full = fixed.copy()
-        for i, j in moved:
-            full[i] = new[j]
-        _run(compiled, grid3, device, full)
+        _run(compiled, grid3, device, bound_args(new))
 
     return relaunch
 
