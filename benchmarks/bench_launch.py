@@ -7,8 +7,9 @@ a triton_op body ("triton_op"), and `torch.compile(fullgraph=True)` of one call 
 as the pass emits it ("compiled op": Inductor calls the op) and of the triton_op ("compiled
 triton_op": Inductor launches the kernel from its generated code), each output checked bit for bit
 against the op's ("bit_equal"; a route Inductor fails to build is recorded there with its error).
+On Hopper also the package's FP8 grouped-GEMM op by kernel and launch ("gemms": `gemm_calls`).
 
-    python benchmarks/bench_launch.py [--out benchmarks/results/launch_h200.json]
+    python benchmarks/bench_launch.py [--out benchmarks/results/launch_h100.json]
 
 Small inputs, so the GPU never holds the host back: the time per call is what a compiled graph
 spends on the host for each quantizer it calls (16 per MoE block and step); the compiled columns
@@ -19,13 +20,14 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import time
 from collections.abc import Callable
 
 import torch
 import triton
-from shapes import require_gpu
+from shapes import card, require_gpu
 
 from mxfp8_inductor.kernels import launch, triton_fp8_gemm, triton_mx, triton_rowwise
 from mxfp8_inductor.kernels import triton_common as tc
@@ -125,11 +127,58 @@ def cases(x: torch.Tensor, offs: torch.Tensor) -> dict[str, object]:
     }
 
 
+def gemm_calls() -> dict[str, Callable[[], torch.Tensor]]:
+    """The package's FP8 grouped GEMM op (2d-3d, 4 groups of 128 tokens, K = N = 256) by kernel and
+    launch: the Gluon kernel launched by Triton's own path on every call, the Gluon kernel bound
+    once per key (the route the op takes on Hopper), the `tl` kernel (bound once per key), each
+    output checked bit for bit against the first's; and the weight cache's op around it."""
+    from mxfp8_inductor.kernels import gluon_fp8_gemm
+    from mxfp8_inductor.lowering import rowwise
+    from mxfp8_inductor.lowering.rowwise import fp8_grouped_mm_op
+
+    if not gluon_fp8_gemm.available():
+        return {}
+    F8 = torch.float8_e4m3fn
+    a = torch.randn(512, 256, device="cuda").to(F8)
+    b = torch.randn(4, 256, 256, device="cuda").to(F8).transpose(-2, -1)
+    sa, sb = torch.rand(512, device="cuda"), torch.rand(4, 256, device="cuda")
+    offs = torch.tensor([128, 256, 384, 512], device="cuda", dtype=torch.int32)
+    available, bound = gluon_fp8_gemm.available, gluon_fp8_gemm.launch_keyed
+
+    def call(gluon: bool, launch_keyed) -> Callable[[], torch.Tensor]:
+        def fn() -> torch.Tensor:
+            gluon_fp8_gemm.available = available if gluon else (lambda: False)
+            gluon_fp8_gemm.launch_keyed = launch_keyed
+            try:
+                return fp8_grouped_mm_op(a, b, sa, sb, offs)
+            finally:
+                gluon_fp8_gemm.available, gluon_fp8_gemm.launch_keyed = available, bound
+        return fn
+
+    calls = {"op fp8_grouped_mm, Gluon (triton)": call(True, _triton_route),
+             "op fp8_grouped_mm, Gluon (bound)": call(True, bound),
+             "op fp8_grouped_mm, tl (bound)": call(False, bound)}
+    expected = next(iter(calls.values()))()
+    for name, fn in calls.items():
+        if not torch.equal(fn().view(torch.int16), expected.view(torch.int16)):
+            raise SystemExit(f"{name}: output differs from the Gluon kernel's")
+    # the weight cache's op, its weight reused (a hit on every call after the first): the GEMM
+    # above plus the cache's lookup and, for the input gradient, the byte transpose
+    w_ENK = torch.randn(4, 256, 256, device="cuda", dtype=torch.bfloat16)
+    x_fp8, x_scales = a, sa
+    for dgrad in (False, True):
+        role = "input-grad" if dgrad else "forward"
+        calls[f"op rowwise_cached_weight_gemm, {role}"] = functools.partial(
+            rowwise.cached_weight_gemm_op, x_fp8, x_scales, w_ENK.transpose(-2, -1), w_ENK, offs, "rceil", dgrad)
+    return calls
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="benchmarks/results/launch_h200.json")
+    p.add_argument("--out", help="JSON path (default: benchmarks/results/launch_<gpu>.json)")
     args = p.parse_args()
     require_gpu()
+    args.out = args.out or f"benchmarks/results/launch_{card()}.json"
     x = torch.randn(512, 512, device="cuda", dtype=torch.bfloat16)
     offs = torch.tensor([100, 100, 300, 512], device="cuda", dtype=torch.int32)
     triton_op, bit_equal = triton_op_calls(x)
@@ -152,6 +201,10 @@ def main() -> None:
         print(f"{r['call']:<32} {r['triton']:9.1f} {r['cached']:9.1f} {r['bound']:9.1f} {r['planned']:10.1f}"
               f" {r['triton'] / r['planned']:13.2f}x"
               + "".join(f" {r[col]:{len(col) + 3}.1f}" if col in r else " " * (len(col) + 4) for col in triton_op))
+    gemms = {}
+    for name, fn in gemm_calls().items():
+        gemms[name] = min(us_per_call(fn) for _ in range(2))
+        print(f"{name:<40} {gemms[name]:9.1f} us")
     for col, equal in bit_equal.items():
         if isinstance(equal, bool):
             print(f"{col}: output {'equals' if equal else 'DIFFERS from'} the op's, bit for bit")
@@ -160,7 +213,7 @@ def main() -> None:
     with open(args.out, "w") as f:
         json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
                    "date": datetime.date.today().isoformat(), "unit": "us of host time per call",
-                   "rows": rows, "bit_equal": bit_equal}, f, indent=1)
+                   "rows": rows, "bit_equal": bit_equal, "gemms": gemms}, f, indent=1)
     print(f"wrote {args.out}")
 
 

@@ -1,16 +1,24 @@
 """Wall time vs GPU kernel time per compiled MoE-block training step, the kernel time by kind
-(GEMMs, quantization, the rest) and the top CUDA kernels.
+(GEMMs, quantization, the rest), the top CUDA kernels and the host time of the package's ops.
 
     python benchmarks/profile_moe_block.py dsv3:bf16 dsv3:fp8_rowwise qwen3_30b:mxfp8 [--top 16]
-        [--out benchmarks/results/profile_moe_block_h200.json]
+        [--train-step 4] [--kernels gluon,tl] [--out benchmarks/results/profile_moe_block_h200.json]
     python benchmarks/profile_moe_block.py --table benchmarks/results/profile_moe_block_h200.json
 
-Wall time well above kernel time means the step is bound by host work (Python, launches). The
-step does not clear the parameters' .grad, so each profile includes the gradient-accumulation adds
-(`CUDAFunctor_add`) that bench_moe_block.py does not run. Quantization is every kernel of the
-package that quantizes or dequantizes, and every kernel Inductor generated that writes float8
-(a quantization fused into its producer): Inductor's kernels are told apart by their source, so
-the script points Inductor's cache at a fresh directory. `--table` prints a saved file's
+A block is SHAPE:VARIANT, VARIANT bf16 or bench_moe_block.py's RECIPE[+cache]. Wall time well above
+kernel time means the step is bound by host work (Python, launches); each op of the package
+("mxfp8::...") is listed with its host time per step (its CPU time, the kernels it launches
+included), and the GPU's idle time per step with the host calls it fell in. A step is one forward
+and backward that does not clear the parameters' .grad (so each profile includes the gradient-
+accumulation adds, `CUDAFunctor_add`, that bench_moe_block.py does not run), or with --train-step N
+bench_moe_block.py's training step: N microbatches and an optimizer step, after which the weight
+cache quantizes each weight again.
+--kernels profiles each compiled block once per FP8 grouped-GEMM kernel: "gluon" (the default on
+Hopper) and "tl" (`kernels/triton_fp8_gemm.py`, the fallback), the same compiled graph.
+Quantization is every kernel of the package that quantizes or dequantizes, and every kernel
+Inductor generated that writes float8 (a quantization fused into its producer): Inductor's
+kernels are told apart by their source, so the script points Inductor's cache at a fresh
+directory. `--table` prints a saved file's
 quantization by where it runs: Inductor's kernels fused from a `transpose` quantize an expert
 weight (each enters its GEMM as a `.transpose(-2, -1)` view), its others the activations' rows
 (fused into the SwiGLU's kernels, or a kernel of their own for the block's inputs); the
@@ -20,6 +28,7 @@ package's kernels quantize the weight gradient's token groups.
 from __future__ import annotations
 
 import argparse
+import bisect
 import datetime
 import json
 import os
@@ -30,10 +39,12 @@ import time
 
 import torch
 import triton
+from bench_moe_block import options_of, train_step
 from shapes import SHAPES, block_and_inputs, require_gpu
 from torch.profiler import ProfilerActivity, profile
 
 from mxfp8_inductor import mxfp8_backend  # also where the package is on PYTHONPATH, not installed
+from mxfp8_inductor.kernels import gluon_fp8_gemm
 
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="profile_moe_block_")  # read at each compile
 
@@ -66,17 +77,58 @@ def kind(name: str, fp8_writers: set[str]) -> str:
     return "gemm" if GEMM.search(name) else "other"
 
 
-def profile_block(shape: str, recipe: str, top: int) -> dict:
+def use_kernels(name: str) -> None:
+    """Route the package's FP8 grouped GEMMs to "gluon" (where it can run) or "tl"."""
+    gluon_fp8_gemm.available = _gluon_available if name == "gluon" else (lambda: False)
+
+
+_gluon_available = gluon_fp8_gemm.available
+
+
+def compiled_step(shape: str, variant: str, train: int):
+    """The compiled block's step (see the module docstring) and its inputs' shape name."""
     torch._dynamo.reset()
     block, x, counts, grad = block_and_inputs(shape)
-    if recipe == "bf16":
+    if variant == "bf16":
         fn = torch.compile(block)
     else:
-        fn = torch.compile(block, backend=mxfp8_backend, options={"recipe": recipe})
+        fn = torch.compile(block, backend=mxfp8_backend, options=options_of(variant))
+    if train:
+        return train_step(block, fn, x, counts, grad, train)
+    return lambda: fn(x, counts).backward(grad)
 
-    def step():
-        fn(x, counts).backward(grad)
 
+def gpu_idle(prof, steps: int, top: int) -> tuple[float, list[dict]]:
+    """The GPU's idle ms per step between its first and last kernel in the profile, and where the
+    host was meanwhile: per host op or call name, the idle ms per step that fell while it ran
+    (nested calls each counted), the `top` largest."""
+    events = prof.events()
+    on_gpu = sorted((e.time_range.start, e.time_range.end) for e in events
+                    if e.device_type == torch.autograd.DeviceType.CUDA)
+    gaps, busy_until = [], on_gpu[0][1]
+    for start, end in on_gpu[1:]:
+        if start > busy_until:
+            gaps.append((busy_until, start))
+        busy_until = max(busy_until, end)
+    gap_starts = [g[0] for g in gaps]
+    overlap: dict[str, float] = {}
+    for e in events:
+        if e.device_type != torch.autograd.DeviceType.CPU:
+            continue
+        start, end = e.time_range.start, e.time_range.end
+        i = max(bisect.bisect_right(gap_starts, start) - 1, 0)
+        while i < len(gaps) and gaps[i][0] < end:
+            covered = min(end, gaps[i][1]) - max(start, gaps[i][0])
+            if covered > 0:
+                overlap[e.name] = overlap.get(e.name, 0.0) + covered
+            i += 1
+    ranked = sorted(overlap.items(), key=lambda kv: -kv[1])[:top]
+    return (sum(b - a for a, b in gaps) / steps / 1e3,
+            [{"name": name, "idle_ms": us / steps / 1e3} for name, us in ranked])
+
+
+def profile_step(step, shape: str, variant: str, kernels: str, top: int) -> dict:
+    use_kernels(kernels)
     for _ in range(3):
         step()
     torch.cuda.synchronize()
@@ -85,22 +137,33 @@ def profile_block(shape: str, recipe: str, top: int) -> dict:
         step()
     torch.cuda.synchronize()
     wall = (time.perf_counter() - start) / 10 * 1e3
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(5):
             step()
         torch.cuda.synchronize()
-    events = [k for k in prof.key_averages() if k.device_time_total > 0]
+    averages = prof.key_averages()
+    events = [k for k in averages if k.device_type == torch.autograd.DeviceType.CUDA and k.device_time_total > 0]
     fp8_writers = inductor_fp8_writers()
-    kernels = [{"name": k.key, "kind": kind(k.key, fp8_writers), "calls": k.count // 5,
-                "ms": k.device_time_total / 5 / 1e3} for k in sorted(events, key=lambda k: -k.device_time_total)]
-    by_kind = {c: sum(k["ms"] for k in kernels if k["kind"] == c) for c in ("gemm", "quantization", "other")}
+    kernels_run = [{"name": k.key, "kind": kind(k.key, fp8_writers), "calls": k.count // 5,
+                    "ms": k.device_time_total / 5 / 1e3} for k in sorted(events, key=lambda k: -k.device_time_total)]
+    by_kind = {c: sum(k["ms"] for k in kernels_run if k["kind"] == c) for c in ("gemm", "quantization", "other")}
+    ops = [{"name": k.key, "calls": k.count // 5, "host_ms": k.cpu_time_total / 5 / 1e3}
+           for k in sorted(averages, key=lambda k: -k.cpu_time_total) if k.key.startswith("mxfp8::")]
+    idle_ms, idle_in = gpu_idle(prof, 5, top)
     total = sum(by_kind.values())
-    print(f"==== {shape} {recipe}: wall {wall:.3f} ms/step, kernels {total:.3f} ms/step ("
-          + ", ".join(f"{c} {ms:.3f}" for c, ms in by_kind.items()) + ")", flush=True)
-    for k in kernels[:top]:
+    label = variant if variant == "bf16" else f"{variant} ({kernels})"
+    print(f"==== {shape} {label}: wall {wall:.3f} ms/step, kernels {total:.3f} ms/step ("
+          + ", ".join(f"{c} {ms:.3f}" for c, ms in by_kind.items()) + f"), GPU idle {idle_ms:.3f} ms/step",
+          flush=True)
+    for k in kernels_run[:top]:
         print(f"{k['ms']:8.3f} ms {k['calls']:3d}x {k['kind'][:5]:5s} {k['name'][:100]}")
-    return {"shape": shape, "recipe": recipe, "wall_ms": wall, "kernel_ms": total,
-            **{f"{c}_ms": ms for c, ms in by_kind.items()}, "kernels": kernels}
+    for op in ops:
+        print(f"{op['host_ms']:8.3f} ms {op['calls']:3d}x host  {op['name']}")
+    for op in idle_in:
+        print(f"{op['idle_ms']:8.3f} ms GPU idle in {op['name'][:100]}")
+    return {"shape": shape, "recipe": variant, "kernels_used": kernels, "wall_ms": wall, "kernel_ms": total,
+            **{f"{c}_ms": ms for c, ms in by_kind.items()}, "gpu_idle_ms": idle_ms, "kernels": kernels_run,
+            "ops": ops, "gpu_idle_in": idle_in}
 
 
 def table(path: str) -> None:
@@ -126,9 +189,13 @@ def table(path: str) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("blocks", nargs="*", metavar="SHAPE:RECIPE",
-                   help=f"shape ({', '.join(SHAPES)}) and recipe (bf16, mxfp8, fp8_rowwise)")
+    p.add_argument("blocks", nargs="*", metavar="SHAPE:VARIANT",
+                   help=f"shape ({', '.join(SHAPES)}) and variant (bf16, or RECIPE[+cache])")
     p.add_argument("--top", type=int, default=16, help="kernels listed per profile")
+    p.add_argument("--train-step", type=int, default=0, metavar="N",
+                   help="profile bench_moe_block.py's training step of N microbatches instead")
+    p.add_argument("--kernels", default="gluon", help="FP8 grouped-GEMM kernels to profile each block with: "
+                                                      "gluon, tl, or both comma-separated")
     p.add_argument("--out", help="also write every profile's kernels to this JSON file")
     p.add_argument("--table", metavar="JSON", help="print the quantization table of a saved file (no GPU)")
     args = p.parse_args()
@@ -136,13 +203,19 @@ def main() -> None:
         table(args.table)
         return
     if not args.blocks:
-        p.error("give SHAPE:RECIPE blocks to profile, or --table JSON")
+        p.error("give SHAPE:VARIANT blocks to profile, or --table JSON")
     require_gpu()
-    rows = [profile_block(*arg.split(":"), args.top) for arg in args.blocks]
+    rows = []
+    for arg in args.blocks:
+        shape, variant = arg.split(":")
+        step = compiled_step(shape, variant, args.train_step)
+        for kernels in ["gluon"] if variant == "bf16" else args.kernels.split(","):
+            rows.append(profile_step(step, shape, variant, kernels, args.top))
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-                       "date": datetime.date.today().isoformat(), "profiles": rows}, f, indent=1)
+                       "date": datetime.date.today().isoformat(), "train_step": args.train_step,
+                       "profiles": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
