@@ -196,7 +196,7 @@ class _Bench:
     def __init__(self, ms: list[float]) -> None:
         self.ms, self.shapes = list(ms), []
 
-    def __call__(self, fn) -> float:
+    def __call__(self, fn, host_fn=None) -> float:
         self.shapes.append(tuple(fn().shape))
         assert self.ms, "timed a GEMM the measurements on disk should have answered"
         return self.ms.pop(0)
@@ -256,10 +256,13 @@ def test_compiled_roles_time_fp8_rowwise_with_its_activation_quantized_by_the_pr
     monkeypatch.setattr(rowwise, "quantize_rows", lambda x, *a, **k: quantized.append(x.dim()) or real(x, *a, **k))
     inside = []
 
-    def bench(fn):
+    def bench(fn, host_fn=None):
         quantized.clear()
         out = fn()
         inside.append((tuple(out.shape), sorted(quantized)))
+        if host_fn is not None:  # its host time is of the same call, the producer's stand-in left out
+            quantized.clear()
+            assert tuple(host_fn().shape) == inside[-1][0] and sorted(quantized) == inside[-1][1]
         return 1.0
 
     monkeypatch.setattr(measure, "_bench", bench)
@@ -361,7 +364,7 @@ def test_timing_out_of_gpu_memory_warns_and_chooses_from_the_cost_model(timed, t
 
     table(0.5, 0.5, 2.0)
 
-    def oom(fn):
+    def oom(fn, host_fn=None):
         raise torch.OutOfMemoryError("CUDA out of memory")
 
     monkeypatch.setattr(measure, "_bench", oom)
@@ -384,3 +387,16 @@ def test_each_gpu_keeps_its_own_times(timed, monkeypatch):
         assert plan.impls == (("fp8_rowwise",) * 3 if name == "GPU A" else ("bf16",) * 3)
         assert len(bench.shapes) == len(ms) and plan.reasons[0].endswith(f"timed on {name}")
     measure._device_key.cache_clear()
+
+
+@pytest.mark.parametrize("gpu_ms,host_sleep_ms,low,high", [(2.0, 0.0, 2.0, 2.0), (0.5, 20.0, 20.0, 60.0)])
+def test_a_call_costs_the_longer_of_its_gpu_and_host_time(monkeypatch, gpu_ms, host_sleep_ms, low, high):
+    """A step of calls whose host work outlasts their kernels runs at the host's pace: the timing
+    takes the host's time per call where do_bench's GPU time is shorter."""
+    import time
+
+    import triton.testing
+
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: gpu_ms)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    assert low <= measure._bench(lambda: time.sleep(host_sleep_ms / 1e3)) <= high
