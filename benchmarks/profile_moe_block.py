@@ -4,6 +4,7 @@
     python benchmarks/profile_moe_block.py dsv3:bf16 dsv3:fp8_rowwise qwen3_30b:mxfp8 [--top 16]
         [--train-step 4] [--kernels gluon,tl] [--out benchmarks/results/profile_moe_block_h200.json]
     python benchmarks/profile_moe_block.py --table benchmarks/results/profile_moe_block_h200.json
+    python benchmarks/profile_moe_block.py --floor benchmarks/results/profile_moe_block_train_h100.json
 
 A block is SHAPE:VARIANT, VARIANT bf16 or bench_moe_block.py's RECIPE[+cache]. Wall time well above
 kernel time means the step is bound by host work (Python, launches); each op of the package
@@ -40,7 +41,7 @@ import time
 import torch
 import triton
 from bench_moe_block import options_of, train_step
-from shapes import SHAPES, block_and_inputs, require_gpu
+from shapes import SHAPES, TOKENS, block_and_inputs, require_gpu
 from torch.profiler import ProfilerActivity, profile
 
 from mxfp8_inductor import mxfp8_backend  # also where the package is on PYTHONPATH, not installed
@@ -51,9 +52,11 @@ os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="profile_moe_blo
 
 # the package's kernels that quantize or dequantize (kernels/triton_mx_quant.py, triton_rowwise.py,
 # triton_mx_scale_layout.py)
+# and the FP8 data path's other kernels: a weight's shared form (triton_rowwise.py) and its byte
+# transpose (triton_transpose.py)
 QUANTIZERS = {"mx_quant_kernel", "dequant_kernel", "_to_blocked_kernel", "_quantize_groups_kernel",
               "_group_amax_kernel", "_cast_groups_t_kernel", "_weight_amax_kernel", "_weight_cast_kernel",
-              "_quantize_rows_kernel"}
+              "_quantize_rows_kernel", "_matrix_amax_kernel", "_matrix_cast_kernel", "_transpose_kernel"}
 GEMM = re.compile(r"gemm|cutlass|nvjet|xmma|^_rows_kernel$|^_groups_kernel$", re.IGNORECASE)  # last two: fused MXFP8
 KERNEL_SOURCE = re.compile(r"async_compile\.triton\('(\w+)', '''(.*?)'''", re.DOTALL)
 FP8_OUTPUT = re.compile(r"'(in_)?out_ptr\d+': '\*fp8")
@@ -187,6 +190,42 @@ def table(path: str) -> None:
               f"{groups:.2f} | {p['other_ms']:.2f} ({base['other_ms']:.2f}) |")
 
 
+def floor_bytes(shape: str, microbatches: int) -> float:
+    """Bytes per step that fp8_rowwise's quantization must move at the least, each operand
+    quantized once where it is produced: every FP8 form written once (rows and token-group
+    columns of x, h, dy and the gate's and up's gradients: 2 T (2D + 3F) bytes per microbatch),
+    the block's bf16 inputs x and dy read once (their producers are outside the block), and each
+    weight read in bf16 and written in FP8 once per step (the input gradient reading that one form
+    in place)."""
+    E, D, F = SHAPES[shape]
+    per_microbatch = 2 * TOKENS * (2 * D + 3 * F) + 2 * 2 * TOKENS * D
+    return microbatches * per_microbatch + 3 * E * D * F * (2 + 1)
+
+
+def floor(path: str, copy_gbs: float) -> None:
+    """Markdown rows: per FP8 profile of a training step, its kernel time by kind beside bf16's,
+    the quantization's floor (`floor_bytes` at `copy_gbs`, bytes read and written per second) and
+    the ratio to bf16 the block could reach with its GEMMs and other kernels as measured, that
+    floor, and no host time left over."""
+    data = json.loads(pathlib.Path(path).read_text())
+    steps = data["train_step"]
+    bf16 = {p["shape"]: p for p in data["profiles"] if p["recipe"] == "bf16"}
+    print("| shape | variant (kernel) | bf16 kernels ms | GEMMs ms | other ms | quantization ms | floor ms | "
+          "ceiling x bf16 |")
+    print("|---|---|---|---|---|---|---|---|")
+    for p in data["profiles"]:
+        base = bf16.get(p["shape"])
+        if p["recipe"] == "bf16" or base is None:
+            continue
+        # kinds as this script classes them now (a file may predate a kernel's entry in QUANTIZERS)
+        other = sum(k["ms"] for k in p["kernels"] if k["kind"] == "other" and k["name"] not in QUANTIZERS)
+        quantization = p["kernel_ms"] - p["gemm_ms"] - other
+        floor_ms = floor_bytes(p["shape"], steps) / copy_gbs / 1e6
+        ceiling = base["kernel_ms"] / (p["gemm_ms"] + other + floor_ms)
+        print(f"| {p['shape']} | {p['recipe']} ({p['kernels_used']}) | {base['kernel_ms']:.2f} | {p['gemm_ms']:.2f} | "
+              f"{other:.2f} | {quantization:.2f} | {floor_ms:.2f} | {ceiling:.2f}x |")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("blocks", nargs="*", metavar="SHAPE:VARIANT",
@@ -198,9 +237,16 @@ def main() -> None:
                                                       "gluon, tl, or both comma-separated")
     p.add_argument("--out", help="also write every profile's kernels to this JSON file")
     p.add_argument("--table", metavar="JSON", help="print the quantization table of a saved file (no GPU)")
+    p.add_argument("--floor", metavar="JSON", help="print the quantization floor and ceiling of a saved "
+                                                  "--train-step file (no GPU)")
+    p.add_argument("--copy-gbs", type=float, default=2964.0,
+                   help="with --floor: the device's copy rate, GB/s read and written (bench_quantize.py)")
     args = p.parse_args()
     if args.table:
         table(args.table)
+        return
+    if args.floor:
+        floor(args.floor, args.copy_gbs)
         return
     if not args.blocks:
         p.error("give SHAPE:VARIANT blocks to profile, or --table JSON")
