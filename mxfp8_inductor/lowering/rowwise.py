@@ -73,13 +73,18 @@ def _gemm(a, b, scale_a, scale_b, offs, tokens_per_group) -> torch.Tensor:
     return torch._scaled_grouped_mm(a, b, scale_a, scale_b, offs=offs, out_dtype=OUT_DTYPE)
 
 
-def _shared_form(b_EKN: torch.Tensor, rounding: str, decomposing: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _shared_form(b_EKN: torch.Tensor, rounding: str, decomposing: bool) -> tuple[torch.Tensor, ...]:
     """The weight rounded once for both of its GEMMs (docs/design.md, "Shared weight scales"):
-    float8 data in the weight's own layout and one power-of-two scale per expert; the pure-torch
-    contract where Inductor lowers it, the Triton twin in an eager call on a GPU."""
+    float8 data in the weight's own layout and one power-of-two scale per expert, that scale
+    spread as each GEMM takes it ([E, N] forward, [E, K] input gradient; kept with the data, so a
+    reused weight costs no scale copies per call); the pure-torch contract where Inductor lowers
+    it, the Triton twin in an eager call on a GPU."""
     if decomposing or b_EKN.device.type != "cuda":
-        return shared_weight.quantize(b_EKN, "fp8_rowwise", rounding)
-    return quantizers(b_EKN.device).quantize_weight_shared(b_EKN, rounding)
+        data_EKN, scale_E = shared_weight.quantize(b_EKN, "fp8_rowwise", rounding)
+    else:
+        data_EKN, scale_E = quantizers(b_EKN.device).quantize_weight_shared(b_EKN, rounding)
+    E, K, N = data_EKN.shape
+    return data_EKN, scale_E[:, None].expand(E, N).contiguous(), scale_E[:, None].expand(E, K).contiguous()
 
 
 def _weight_operand(b_EKN: torch.Tensor, param: torch.Tensor | None, rounding: str, shared: bool, dgrad: bool,
@@ -93,14 +98,12 @@ def _weight_operand(b_EKN: torch.Tensor, param: torch.Tensor | None, rounding: s
     if not shared:
         w_fp8, w_scales = quantize_rows(b_EKN if dgrad else b_EKN.transpose(-2, -1), rounding, decomposing)
         return w_fp8.contiguous().transpose(-2, -1), w_scales
-    data_EKN, scale_E = weight_cache.quantized(b_EKN, param, ("fp8_rowwise", rounding),
-                                               functools.partial(_shared_form, rounding=rounding,
-                                                                 decomposing=decomposing))
-    E, K, N = data_EKN.shape
+    data_EKN, scale_EN, scale_EK = weight_cache.quantized(
+        b_EKN, param, ("fp8_rowwise", rounding), functools.partial(_shared_form, rounding=rounding,
+                                                                    decomposing=decomposing))
     if dgrad:
-        return contiguous(data_EKN, decomposing).transpose(-2, -1), scale_E[:, None].expand(E, K).contiguous()
-    return (contiguous(data_EKN.transpose(-2, -1), decomposing).transpose(-2, -1),
-            scale_E[:, None].expand(E, N).contiguous())
+        return contiguous(data_EKN, decomposing).transpose(-2, -1), scale_EK
+    return contiguous(data_EKN.transpose(-2, -1), decomposing).transpose(-2, -1), scale_EN
 
 
 def _grouped_or_dense(x_fp8, w_fp8, w_scales, x_scales, offs):

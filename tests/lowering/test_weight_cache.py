@@ -139,14 +139,15 @@ def test_every_change_to_a_weight_is_seen(recipe, layout, route):
 def test_reuse_holds_one_byte_per_weight_element(recipe, layout, route):
     """After a forward and backward, what the cache keeps until the next microbatch is one FP8
     form per weight, whatever its layout: 1 byte per element (the emulated fp8_blockwise route's
-    padded to whole 128-tiles) and its scales, one fp32 per expert or per 128 x 128 block."""
+    padded to whole 128-tiles) and its scales: fp8_rowwise's one per expert, spread over each
+    GEMM's output columns (fp32 [E, N] and [E, K]), fp8_blockwise's one fp32 per 128 x 128 block."""
     model = Experts(recipe, layout, pass_route=route == "pass")
     run = model if route == "eager" else torch.compile(model, backend="mxfp8",
                                                        options={"recipe": recipe, "weight_cache": True})
     x, offs = _inputs()
     _step(run, model.w, x, offs)
     if recipe == "fp8_rowwise":
-        assert weights.cached_bytes() == E * N * K + E * 4
+        assert weights.cached_bytes() == E * N * K + E * (N + K) * 4
     else:
         elements = E * N * K if x.is_cuda else E * tiles(N) * tiles(K) * SCALE_TILE**2
         assert weights.cached_bytes() == elements + E * tiles(N) * tiles(K) * 4
@@ -209,7 +210,7 @@ def quantizations(monkeypatch):
 def test_one_quantization_serves_forward_backward_and_later_microbatches(quantizations, layout):
     """fp8_rowwise: one quantization makes the shared form, which serves every GEMM of the weight
     (the input gradient's through a byte transpose) until it changes: 1 byte per element and
-    an fp32 scale per expert."""
+    the scale per expert spread over each GEMM's output columns (fp32 [E, N] and [E, K])."""
     model, (x, offs) = Experts("fp8_rowwise", layout, pass_route=False), _inputs()
     for _ in range(3):
         got = _step(model, model.w, x, offs)
@@ -218,7 +219,7 @@ def test_one_quantization_serves_forward_backward_and_later_microbatches(quantiz
             assert_bitwise_equal(g, ref)
         del quantizations[made:]  # the fresh parameter's own
     assert len(quantizations) == 1
-    assert weights.cached_bytes() == E * N * K + E * 4
+    assert weights.cached_bytes() == E * N * K + E * (N + K) * 4
 
 
 def test_native_mxfp8_operands_are_reused_under_the_parameter():
