@@ -29,13 +29,13 @@ import torch
 import triton
 from shapes import card, require_gpu
 
-from mxfp8_inductor.kernels import launch, triton_fp8_gemm, triton_mx, triton_rowwise
+from mxfp8_inductor.kernels import launch, triton_mx, triton_rowwise
 from mxfp8_inductor.kernels import triton_common as tc
 from mxfp8_inductor.kernels.triton_mx_quant import DEQUANTIZED
 from mxfp8_inductor.lowering import mxfp8
 from mxfp8_inductor.lowering.library import OUT_DTYPE
 
-MODULES = (triton_mx, triton_rowwise, triton_fp8_gemm)  # each imported `launch_keyed` by name
+MODULES = (triton_mx, triton_rowwise)  # each imported `launch_keyed` by name (the GEMMs: `gemm_calls`)
 
 
 def _triton_route(key, tensors, prepare) -> None:
