@@ -11,7 +11,8 @@ model runs it, where fp8_rowwise's forward and input gradient take their activat
 FP8 rows, since Inductor fuses that quantization into the kernel producing the activation; they
 pay its extra write there (the float8 rows and scales beside the bf16 output), timed as a write
 of those bytes. Every other quantization (weights, the weight gradient's token groups, mxfp8's
-activations, which its ops keep opaque) costs in a compiled model what it costs eagerly.
+activations, which its ops keep opaque) costs in a compiled model what it costs eagerly. A time is
+the call's GPU time plus its host time (`_bench`): blocks of short GEMMs are bound by the host.
 
 Times are kept per process and on disk in Inductor's cache directory, keyed by the GPU, the
 torch, Triton and package versions and the GEMM, so a shape is timed once per machine.
