@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import torch
 import triton
-from shapes import card, require_gpu
+from shapes import card, require_gpu, use_kernels
 
 from mxfp8_inductor.kernels import launch, triton_mx, triton_rowwise
 from mxfp8_inductor.kernels import triton_common as tc
@@ -143,21 +143,22 @@ def gemm_calls() -> dict[str, Callable[[], torch.Tensor]]:
     b = torch.randn(4, 256, 256, device="cuda").to(F8).transpose(-2, -1)
     sa, sb = torch.rand(512, device="cuda"), torch.rand(4, 256, device="cuda")
     offs = torch.tensor([128, 256, 384, 512], device="cuda", dtype=torch.int32)
-    available, bound = gluon_fp8_gemm.available, gluon_fp8_gemm.launch_keyed
+    bound = gluon_fp8_gemm.launch_keyed
 
-    def call(gluon: bool, launch_keyed) -> Callable[[], torch.Tensor]:
+    def call(kernels: str, launch_keyed) -> Callable[[], torch.Tensor]:
         def fn() -> torch.Tensor:
-            gluon_fp8_gemm.available = available if gluon else (lambda: False)
+            use_kernels(kernels)
             gluon_fp8_gemm.launch_keyed = launch_keyed
             try:
                 return fp8_grouped_mm_op(a, b, sa, sb, offs)
             finally:
-                gluon_fp8_gemm.available, gluon_fp8_gemm.launch_keyed = available, bound
+                use_kernels("gluon")
+                gluon_fp8_gemm.launch_keyed = bound
         return fn
 
-    calls = {"op fp8_grouped_mm, Gluon (triton)": call(True, _triton_route),
-             "op fp8_grouped_mm, Gluon (bound)": call(True, bound),
-             "op fp8_grouped_mm, tl (bound)": call(False, bound)}
+    calls = {"op fp8_grouped_mm, Gluon (triton)": call("gluon", _triton_route),
+             "op fp8_grouped_mm, Gluon (bound)": call("gluon", bound),
+             "op fp8_grouped_mm, tl (bound)": call("tl", bound)}
     expected = next(iter(calls.values()))()
     for name, fn in calls.items():
         if not torch.equal(fn().view(torch.int16), expected.view(torch.int16)):

@@ -41,19 +41,17 @@ import time
 import torch
 import triton
 from bench_moe_block import options_of, train_step
-from shapes import SHAPES, TOKENS, block_and_inputs, require_gpu
+from shapes import SHAPES, TOKENS, block_and_inputs, require_gpu, use_kernels
 from torch.profiler import ProfilerActivity, profile
 
 from mxfp8_inductor import mxfp8_backend  # also where the package is on PYTHONPATH, not installed
-from mxfp8_inductor.kernels import gluon_fp8_gemm
 
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="profile_moe_block_")  # read at each compile
 
 
 # the package's kernels that quantize or dequantize (kernels/triton_mx_quant.py, triton_rowwise.py,
-# triton_mx_scale_layout.py)
-# and the FP8 data path's other kernels: a weight's shared form (triton_rowwise.py) and its byte
-# transpose (triton_transpose.py)
+# triton_mx_scale_layout.py), a weight's shared form among them, and the byte transpose of a cached
+# weight (triton_transpose.py)
 QUANTIZERS = {"mx_quant_kernel", "dequant_kernel", "_to_blocked_kernel", "_quantize_groups_kernel",
               "_group_amax_kernel", "_cast_groups_t_kernel", "_weight_amax_kernel", "_weight_cast_kernel",
               "_quantize_rows_kernel", "_matrix_amax_kernel", "_matrix_cast_kernel", "_transpose_kernel"}
@@ -80,16 +78,8 @@ def kind(name: str, fp8_writers: set[str]) -> str:
     return "gemm" if GEMM.search(name) else "other"
 
 
-def use_kernels(name: str) -> None:
-    """Route the package's FP8 grouped GEMMs to "gluon" (where it can run) or "tl"."""
-    gluon_fp8_gemm.available = _gluon_available if name == "gluon" else (lambda: False)
-
-
-_gluon_available = gluon_fp8_gemm.available
-
-
 def compiled_step(shape: str, variant: str, train: int):
-    """The compiled block's step (see the module docstring) and its inputs' shape name."""
+    """The compiled block's step (see the module docstring)."""
     torch._dynamo.reset()
     block, x, counts, grad = block_and_inputs(shape)
     if variant == "bf16":

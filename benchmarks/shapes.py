@@ -49,6 +49,22 @@ def card(device: str = "cuda") -> str:
     return found.group(1).lower() if found else "gpu"
 
 
+_gluon_available = None  # gluon_fp8_gemm.available as the package defines it
+
+
+def use_kernels(name: str) -> None:
+    """Route the package's FP8 grouped GEMMs to "gluon" (where it can run: the package's default)
+    or to "tl" (`kernels/triton_fp8_gemm.py`, its fallback): the same ops, bit for bit."""
+    global _gluon_available
+    from mxfp8_inductor.kernels import gluon_fp8_gemm
+
+    if name not in ("gluon", "tl"):
+        raise ValueError(f"kernels are 'gluon' or 'tl', got {name!r}")
+    if _gluon_available is None:
+        _gluon_available = gluon_fp8_gemm.available
+    gluon_fp8_gemm.available = _gluon_available if name == "gluon" else (lambda: False)
+
+
 class GroupedExperts(nn.Module):
     """SwiGLU routed experts in TorchTitan's layout: w1, w3 [E, F, D] and w2 [E, D, F], each used
     through a `.transpose(-2, -1)` view in one `torch._grouped_mm`, the form the pass rewrites."""

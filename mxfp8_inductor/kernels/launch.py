@@ -105,9 +105,9 @@ def bind(kernel, grid: tuple[int, ...], args: tuple, kwargs: dict, tensors: tupl
     grid3 = _grid3(grid, kwargs)
     # the bound launch keeps no tensor the caller passes per call alive
     base = [a if j is None else None for a, j in zip(args, slots)]
-    templates = {i: _over(a, None) for i, (a, j) in enumerate(zip(args, slots))
-                 if j is not None and not isinstance(a, torch.Tensor)}
-    moved = [(i, j, templates.get(i)) for i, j in enumerate(slots) if j is not None]
+    # (argument index, tensor index, the descriptor without its tensor or None for a tensor)
+    moved = [(i, j, None if isinstance(a, torch.Tensor) else _over(a, None))
+             for i, (a, j) in enumerate(zip(args, slots)) if j is not None]
 
     def bound_args(new) -> list:
         full = base.copy()
