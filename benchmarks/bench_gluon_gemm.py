@@ -1,5 +1,6 @@
 """The warp-specialized Gluon FP8 grouped GEMM (`kernels/gluon_fp8_gemm.py`) against torch's bf16
-`_grouped_mm` and our `tl` kernel, side by side on this GPU, per role and mode.
+`_grouped_mm`, our `tl` kernel and, in the rowwise mode, torch's FP8 grouped GEMM
+(`torch._scaled_grouped_mm`), side by side on this GPU, per role and mode.
 
     PYTHONPATH=. python benchmarks/bench_gluon_gemm.py [--shapes 128x512x2048x1536,...]
         [--roles forward,dgrad,wgrad] [--modes rowwise,blockwise] [--variants 0,1] [--rounds 3]
@@ -11,8 +12,8 @@ forward with K and N swapped) are M-grouped 2d-3d GEMMs; the weight gradient (gr
 group, out [E, N, K]) is the K-grouped 2d-2d one. Modes: rowwise scales (fp8_rowwise) and
 blockwise ones (fp8_blockwise: per 128 along the contraction), bf16 the baseline of both. The
 default shapes are the fine-grained ones of issue 60. Per row, each Gluon variant
-(`gluon_fp8_gemm.VARIANTS`) is first checked bit for bit against the `tl` kernel on the same
-operands; then every kernel is timed by `triton.testing.do_bench` (median), taking turns over
+(`gluon_fp8_gemm.VARIANTS`), and torch's kernel, is first checked bit for bit against the `tl`
+kernel on the same operands; then every kernel is timed by `triton.testing.do_bench` (median), taking turns over
 --rounds rounds (`bench_moe_block.interleaved`), each call on the next of --sets operand sets.
 """
 
@@ -89,13 +90,15 @@ def measure(role: str, mode: str, experts: int, rows: int, K: int, N: int, varia
         "bf16": lambda s: torch._grouped_mm(*s["bf16"], offs=s["offs"]),
         "tl": lambda s: tl_mm(*s["fp8"]),
     }
+    if not blockwise:  # torch's rowwise FP8 grouped GEMM (CUTLASS), which `routes` takes for large groups
+        kernels["torch"] = lambda s: torch._scaled_grouped_mm(*s["fp8"][:4], offs=s["offs"], out_dtype=torch.bfloat16)
     for i, cfg in variants:
         kernels[f"gluon{i}"] = lambda s, cfg=cfg: gluon_fp8_gemm._grouped_mm(*s["fp8"], cfg, blockwise=blockwise)
     row = {"role": role, "mode": mode, "experts": experts, "rows_per_group": rows, "K": K, "N": N}
     want = kernels["tl"](ops[0]).view(torch.int16)  # every row is in a group: all are compared
-    for i, _ in variants:
-        got = kernels[f"gluon{i}"](ops[0]).view(torch.int16)
-        row[f"gluon{i}_differing"] = int((got != want).sum())
+    for name in [f"gluon{i}" for i, _ in variants] + ["torch"] * (not blockwise):
+        got = kernels[name](ops[0]).view(torch.int16)
+        row[f"{name}_differing"] = int((got != want).sum())
     ms = interleaved({name: rotating(fn, ops) for name, fn in kernels.items()}, rounds)
     flop = 2 * experts * rows * K * N
     for name, times in ms.items():
@@ -138,12 +141,13 @@ def main() -> None:
                 with open(out, "w") as f:  # after every row: a run cut short keeps what it measured
                     json.dump(result, f, indent=1)
                 print(" ".join(f"{k} {v}" for k, v in row.items()), flush=True)
-    names = ["tl"] + [f"gluon{i}" for i, _ in variants]
+    names = ["tl"] + [f"gluon{i}" for i, _ in variants] + ["torch"]
     print(f"\n{result['gpu']}, torch {torch.__version__}, triton {triton.__version__}: TFLOP/s (x bf16)")
     print(f"{'role':<8} {'mode':<9} {'E x rows x K x N':<20} {'bf16':>7} " + " ".join(f"{n:>15}" for n in names)
           + "  bit-equal")
     for r in result["rows"]:
-        cells = " ".join(f"{r[f'{n}_tflops']:>7} ({r[f'{n}_vs_bf16']:.2f}x)" for n in names)
+        cells = " ".join(f"{r[f'{n}_tflops']:>7} ({r[f'{n}_vs_bf16']:.2f}x)" if f"{n}_tflops" in r else f"{'-':>15}"
+                         for n in names)
         equal = all(r[f"gluon{i}_differing"] == 0 for i, _ in variants)
         shape = "x".join(str(r[k]) for k in ("experts", "rows_per_group", "K", "N"))
         print(f"{r['role']:<8} {r['mode']:<9} {shape:<20} {r['bf16_tflops']:>7} {cells}  {equal}")

@@ -105,7 +105,12 @@ VARIANTS = [DEFAULT, Config(ORDERED=True)]
 def available() -> bool:
     """Whether this process can run the Gluon kernel: Gluon imported, a CUDA device of compute
     capability 9.x. Costs no GPU work."""
-    return _IMPORT_ERROR is None and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+    return _IMPORT_ERROR is None and _hopper()
+
+
+@functools.cache  # asked on every GEMM call, and a device's capability does not change
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 
 
 if _IMPORT_ERROR is None:

@@ -17,7 +17,6 @@ hold: they read only the tensor's dtype and alignment and what the key fixes.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 
 import torch
@@ -32,12 +31,20 @@ def _grid3(grid, kwargs) -> tuple[int, int, int]:
     return grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1
 
 
+def _hooked(hook) -> bool:
+    """Whether a launch hook of Triton's knobs would call anything: None, or a chain of none
+    (`knobs.HookChain`, what the knob holds unless a profiler adds to it), would not."""
+    return hook is not None and getattr(hook, "calls", True) != []
+
+
 def _run(compiled, grid: tuple[int, int, int], device: int, full) -> None:
     stream = torch._C._cuda_getCurrentRawStream(device)  # as Inductor's launchers get it
-    enter = knobs.runtime.launch_enter_hook
-    meta = compiled.launch_metadata(grid, stream, *full) if enter is not None else None
-    compiled.run(*grid, stream, compiled.function, compiled.packed_metadata, meta, enter,
-                 knobs.runtime.launch_exit_hook, *full)
+    enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    if _hooked(enter) or _hooked(leave):
+        meta = compiled.launch_metadata(grid, stream, *full)
+    else:  # Triton's launcher then calls neither hook: none of their launch metadata to build
+        meta = enter = leave = None
+    compiled.run(*grid, stream, compiled.function, compiled.packed_metadata, meta, enter, leave, *full)
 
 
 def _first_launch(kernel, grid, args, kwargs):
@@ -89,7 +96,10 @@ def _over(a, t: torch.Tensor | None):
     """Argument `a` for tensor `t`: t itself, or a copy of descriptor `a` over t."""
     if isinstance(a, torch.Tensor):
         return t
-    moved = copy.copy(a)  # not the constructor: its checks cost a launch's host time, and hold (module doc)
+    # neither the constructor (its checks hold: module doc) nor copy.copy (its reduce protocol):
+    # each costs several times this, per descriptor and launch
+    moved = object.__new__(type(a))
+    moved.__dict__.update(a.__dict__)
     moved.base = t
     return moved
 

@@ -40,3 +40,39 @@ def test_a_descriptor_argument_is_moved_onto_each_calls_tensor():
         _copy(x, y)
         assert torch.equal(y, x), f"call {call} read another call's tensor"
     assert len(launch._bound) == bound + 1  # one binding, taken by the later calls
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the launcher's hooks run on a GPU only")
+def test_a_registered_launch_hook_sees_every_bound_launch():
+    """The bound launch skips building launch metadata only while Triton has no hook to give it
+    to: a profiler's hook, once added, is called on every launch, with the kernel's name."""
+    from triton import knobs
+
+    seen = []
+
+    def hook(metadata):
+        seen.append(metadata.get()["name"])
+
+    x, y = torch.arange(64, dtype=torch.float32, device=DEVICE), torch.zeros(64, device=DEVICE)
+    _copy(x, y)  # bound before the hook: the hook must still see the later launches
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        for _ in range(2):
+            _copy(x, y)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    _copy(x, y)
+    assert seen == ["_copy_kernel"] * 2
+    assert torch.equal(y, x)
+
+
+@pytest.mark.parametrize("hook, hooked", [(None, False), ("empty chain", False), ("chain", True), (print, True)])
+def test_a_launch_hook_counts_where_it_would_call_something(hook, hooked):
+    from triton import knobs
+
+    if isinstance(hook, str):
+        chain = knobs.HookChain()
+        if hook == "chain":
+            chain.add(print)
+        hook = chain
+    assert launch._hooked(hook) is hooked
