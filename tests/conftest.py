@@ -3,6 +3,9 @@ import os
 # Without a GPU, Triton kernels run in the interpreter; it must be chosen before triton is imported.
 if not os.path.exists("/dev/nvidiactl"):
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# Inductor compiles in this process, not in a pool of compile workers per test process: the test
+# runs are already one process per core, and a pool's subprocesses are one more thing to hang
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 import pathlib  # noqa: E402
 import sys  # noqa: E402
