@@ -2,12 +2,14 @@
 (GEMMs, quantization, the rest), the top CUDA kernels and the host time of the package's ops.
 
     python benchmarks/profile_moe_block.py dsv3:bf16 dsv3:fp8_rowwise qwen3_30b:mxfp8 [--top 16]
-        [--train-step 4] [--kernels gluon,tl] [--out benchmarks/results/profile_moe_block_h200.json]
+        [--train-step 4] [--kernels gluon,tl] [--python 30] [--out benchmarks/results/profile_moe_block_h200.json]
     python benchmarks/profile_moe_block.py --table benchmarks/results/profile_moe_block_h200.json
     python benchmarks/profile_moe_block.py --floor benchmarks/results/profile_moe_block_train_h100.json
 
 A block is SHAPE:VARIANT, VARIANT bf16 or bench_moe_block.py's RECIPE[+cache]. Wall time well above
-kernel time means the step is bound by host work (Python, launches); each op of the package
+kernel time means the step is bound by host work (Python, launches), as does the host's own time to
+issue a step near the wall time (`host_and_wall`); --python N lists the N Python functions with the
+most host time per step (cProfile). Each op of the package
 ("mxfp8::...") is listed with its host time per step (its CPU time, the kernels it launches
 included), and the GPU's idle time per step with the host calls it fell in. A step is one forward
 and backward that does not clear the parameters' .grad (so each profile includes the gradient-
@@ -30,11 +32,14 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import cProfile
 import datetime
 import json
 import os
 import pathlib
+import pstats
 import re
+import statistics
 import tempfile
 import time
 
@@ -120,16 +125,43 @@ def gpu_idle(prof, steps: int, top: int) -> tuple[float, list[dict]]:
             [{"name": name, "idle_ms": us / steps / 1e3} for name, us in ranked])
 
 
-def profile_step(step, shape: str, variant: str, kernels: str, top: int) -> dict:
+def host_and_wall(step, steps: int = 10) -> tuple[float, float]:
+    """Median ms per step of the host issuing it (from an idle GPU to the step's return, unwaited)
+    and of the whole step (to the GPU's end). Host near wall: the host bounds the step (or the
+    step waits on the GPU inside); host well below wall: the GPU does."""
+    host, wall = [], []
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        step()
+        issued = time.perf_counter()
+        torch.cuda.synchronize()
+        host.append(issued - start)
+        wall.append(time.perf_counter() - start)
+    return statistics.median(host) * 1e3, statistics.median(wall) * 1e3
+
+
+def host_functions(step, top: int, steps: int = 5) -> list[dict]:
+    """The `top` Python functions by their own host time per step under cProfile (which slows
+    each call, so read these as shares, not times): calls, own and cumulative ms per step."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats  # {(file, line, name): (calls, primitive calls, own s, cumulative s, callers)}
+    ranked = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    return [{"function": f"{pathlib.Path(file).name}:{line}({name})", "calls": calls // steps,
+             "own_ms": own / steps * 1e3, "cumulative_ms": cum / steps * 1e3}
+            for (file, line, name), (_, calls, own, cum, _) in ranked]
+
+
+def profile_step(step, shape: str, variant: str, kernels: str, top: int, python_top: int) -> dict:
     use_kernels(kernels)
     for _ in range(3):
         step()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(10):
-        step()
-    torch.cuda.synchronize()
-    wall = (time.perf_counter() - start) / 10 * 1e3
+    host, wall = host_and_wall(step)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(5):
             step()
@@ -145,7 +177,8 @@ def profile_step(step, shape: str, variant: str, kernels: str, top: int) -> dict
     idle_ms, idle_in = gpu_idle(prof, 5, top)
     total = sum(by_kind.values())
     label = variant if variant == "bf16" else f"{variant} ({kernels})"
-    print(f"==== {shape} {label}: wall {wall:.3f} ms/step, kernels {total:.3f} ms/step ("
+    python = host_functions(step, python_top) if python_top else []
+    print(f"==== {shape} {label}: wall {wall:.3f} ms/step, host {host:.3f} ms/step, kernels {total:.3f} ms/step ("
           + ", ".join(f"{c} {ms:.3f}" for c, ms in by_kind.items()) + f"), GPU idle {idle_ms:.3f} ms/step",
           flush=True)
     for k in kernels_run[:top]:
@@ -154,7 +187,10 @@ def profile_step(step, shape: str, variant: str, kernels: str, top: int) -> dict
         print(f"{op['host_ms']:8.3f} ms {op['calls']:3d}x host  {op['name']}")
     for op in idle_in:
         print(f"{op['idle_ms']:8.3f} ms GPU idle in {op['name'][:100]}")
-    return {"shape": shape, "recipe": variant, "kernels_used": kernels, "wall_ms": wall, "kernel_ms": total,
+    for f in python:
+        print(f"{f['own_ms']:8.3f} ms own ({f['cumulative_ms']:.3f} with callees) {f['calls']:4d}x {f['function']}")
+    return {"shape": shape, "recipe": variant, "kernels_used": kernels, "wall_ms": wall, "host_ms": host,
+            "kernel_ms": total, "python": python,
             **{f"{c}_ms": ms for c, ms in by_kind.items()}, "gpu_idle_ms": idle_ms, "kernels": kernels_run,
             "ops": ops, "gpu_idle_in": idle_in}
 
@@ -225,6 +261,8 @@ def main() -> None:
                    help="profile bench_moe_block.py's training step of N microbatches instead")
     p.add_argument("--kernels", default="gluon", help="FP8 grouped-GEMM kernels to profile each block with: "
                                                       "gluon, tl, or both comma-separated")
+    p.add_argument("--python", type=int, default=0, metavar="N",
+                   help="also list the N Python functions with the most host time per step (cProfile)")
     p.add_argument("--out", help="also write every profile's kernels to this JSON file")
     p.add_argument("--table", metavar="JSON", help="print the quantization table of a saved file (no GPU)")
     p.add_argument("--floor", metavar="JSON", help="print the quantization floor and ceiling of a saved "
@@ -246,7 +284,7 @@ def main() -> None:
         shape, variant = arg.split(":")
         step = compiled_step(shape, variant, args.train_step)
         for kernels in ["gluon"] if variant == "bf16" else args.kernels.split(","):
-            rows.append(profile_step(step, shape, variant, kernels, args.top))
+            rows.append(profile_step(step, shape, variant, kernels, args.top, args.python))
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
