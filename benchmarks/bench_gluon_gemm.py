@@ -148,7 +148,7 @@ def main() -> None:
     for r in result["rows"]:
         cells = " ".join(f"{r[f'{n}_tflops']:>7} ({r[f'{n}_vs_bf16']:.2f}x)" if f"{n}_tflops" in r else f"{'-':>15}"
                          for n in names)
-        equal = all(r[f"gluon{i}_differing"] == 0 for i, _ in variants)
+        equal = all(v == 0 for k, v in r.items() if k.endswith("_differing"))
         shape = "x".join(str(r[k]) for k in ("experts", "rows_per_group", "K", "N"))
         print(f"{r['role']:<8} {r['mode']:<9} {shape:<20} {r['bf16_tflops']:>7} {cells}  {equal}")
     print(f"wrote {out}")

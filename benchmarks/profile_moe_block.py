@@ -150,7 +150,7 @@ def host_functions(step, top: int, steps: int = 5) -> list[dict]:
         step()
     torch.cuda.synchronize()
     profiler.disable()
-    stats = pstats.Stats(profiler).stats  # {(file, line, name): (calls, primitive calls, own s, cumulative s, callers)}
+    stats = pstats.Stats(profiler).stats  # {(file, line, name): (primitive calls, calls, own s, cumulative s, callers)}
     ranked = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
     return [{"function": f"{pathlib.Path(file).name}:{line}({name})", "calls": calls // steps,
              "own_ms": own / steps * 1e3, "cumulative_ms": cum / steps * 1e3}

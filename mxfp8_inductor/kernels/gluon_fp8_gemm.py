@@ -54,6 +54,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..routes import has_fp8_grouped_mm
 from . import triton_common as tc
 from . import triton_fp8_gemm as tfg
 from .launch import launch_keyed
@@ -103,14 +104,14 @@ VARIANTS = [DEFAULT, Config(ORDERED=True)]
 
 @functools.cache
 def available() -> bool:
-    """Whether this process can run the Gluon kernel: Gluon imported, a CUDA device of compute
-    capability 9.x. Costs no GPU work."""
+    """Whether this process can run the Gluon kernel: Gluon imported, the current CUDA device one
+    of compute capability 9.x (`routes.has_fp8_grouped_mm`). Costs no GPU work."""
     return _IMPORT_ERROR is None and _hopper()
 
 
 @functools.cache  # asked on every GEMM call, and a device's capability does not change
 def _hopper() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+    return torch.cuda.is_available() and has_fp8_grouped_mm(torch.device("cuda", torch.cuda.current_device()))
 
 
 if _IMPORT_ERROR is None:
