@@ -9,9 +9,13 @@ import torch
 
 LIB = "mxfp8"
 OUT_DTYPE = torch.bfloat16
+# on an op whose Python body reads or fills the weight cache: a CUDA graph replays the kernels a
+# capture launched, never the body, so a replay would read a quantization the cache has since
+# dropped; Inductor runs such an op outside its CUDA graphs (docs/design.md, "Weight cache")
+STATEFUL = (torch.Tag.cudagraph_unsafe,)
 
 
-def define(name: str, schema: str, impl: Callable, fake: Callable) -> torch._ops.OpOverload:
+def define(name: str, schema: str, impl: Callable, fake: Callable, tags: tuple = ()) -> torch._ops.OpOverload:
     """An op without autograd that compiled graphs call once per GEMM operand per step.
 
     Defined with torch.library.define/impl rather than torch.library.custom_op: custom_op wraps
@@ -19,7 +23,7 @@ def define(name: str, schema: str, impl: Callable, fake: Callable) -> torch._ops
     (benchmarks/bench_dispatch.py), and an MoE block calls a dozen such ops per step.
     """
     qualname = f"{LIB}::{name}"
-    torch.library.define(qualname, schema)
+    torch.library.define(qualname, schema, tags=tags)
     torch.library.impl(qualname, "default", impl)
     torch.library.register_fake(qualname, fake)
     return getattr(getattr(torch.ops, LIB), name).default
@@ -64,7 +68,7 @@ def define_cached_weight_gemm(name: str, impl: Callable) -> torch._ops.OpOverloa
         return x_fp8.new_empty(x_fp8.shape[0], b_EKN.shape[-2 if dgrad else -1], dtype=OUT_DTYPE)
 
     schema = "(Tensor x_fp8, Tensor x_scales, Tensor b, Tensor param, Tensor? offs, str rounding, bool dgrad) -> Tensor"
-    return define(name, schema, impl, fake)
+    return define(name, schema, impl, fake, tags=STATEFUL)
 
 
 def contiguous(x: torch.Tensor, decomposing: bool) -> torch.Tensor:

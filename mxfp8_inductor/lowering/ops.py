@@ -17,7 +17,7 @@ import torch
 
 from ..spec import GemmSpec, Role
 from . import autograd, dispatch
-from .library import LIB
+from .library import LIB, STATEFUL
 
 
 def _forward(a, b, offs, forward, input_grad, weight_grad, param, *, decomposing=False):
@@ -39,7 +39,7 @@ def _weight_grad(grad, a, offs, spec, *, decomposing=False):
                         decomposing=decomposing)
 
 
-@torch.library.custom_op(f"{LIB}::grouped_mm", mutates_args=())
+@torch.library.custom_op(f"{LIB}::grouped_mm", mutates_args=(), tags=STATEFUL)
 def grouped_mm_op(
     a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, forward: str, input_grad: str, weight_grad: str,
     param: torch.Tensor | None,
@@ -55,7 +55,7 @@ def _(a, b, offs, forward, input_grad, weight_grad, param):
     return a.new_empty(a.shape[0], b.shape[-1])
 
 
-@torch.library.custom_op(f"{LIB}::grouped_mm_input_grad", mutates_args=())
+@torch.library.custom_op(f"{LIB}::grouped_mm_input_grad", mutates_args=(), tags=STATEFUL)
 def grouped_mm_input_grad_op(
     grad: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, spec: str, param: torch.Tensor | None
 ) -> torch.Tensor:
@@ -101,7 +101,7 @@ def _dense_weight_grad(grad, x, spec, *, decomposing=False):
     return dispatch.run(GemmSpec.decode(spec, Role.WEIGHT_GRAD, True), grad, MKNE, grad, x, decomposing=decomposing)
 
 
-@torch.library.custom_op(f"{LIB}::linear", mutates_args=())
+@torch.library.custom_op(f"{LIB}::linear", mutates_args=(), tags=STATEFUL)
 def linear_op(
     x: torch.Tensor, w: torch.Tensor, forward: str, input_grad: str, weight_grad: str, param: torch.Tensor | None,
 ) -> torch.Tensor:
@@ -115,7 +115,7 @@ def _(x, w, forward, input_grad, weight_grad, param):
     return x.new_empty(x.shape[0], w.shape[0])
 
 
-@torch.library.custom_op(f"{LIB}::linear_input_grad", mutates_args=())
+@torch.library.custom_op(f"{LIB}::linear_input_grad", mutates_args=(), tags=STATEFUL)
 def linear_input_grad_op(grad: torch.Tensor, w: torch.Tensor, spec: str, param: torch.Tensor | None) -> torch.Tensor:
     return _dense_input_grad(grad, w, spec, param)
 

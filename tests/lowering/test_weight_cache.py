@@ -385,6 +385,44 @@ def test_the_emulation_rounds_the_weight_slice_by_slice(monkeypatch):
             assert_bitwise_equal(a, b)
 
 
+def test_every_op_that_takes_the_parameter_runs_outside_cuda_graphs():
+    """An op given a parameter reads or fills the weight cache in its Python body, which a CUDA
+    graph's replay skips: each carries the tag by which Inductor leaves it out of its graphs, and
+    no other op does (those stay inside)."""
+    names = [n.split("::")[1] for n in torch._C._dispatch_get_all_op_names() if n.startswith("mxfp8::")]
+    ops = {name: getattr(torch.ops.mxfp8, name).default for name in names}
+    takes_param = {name for name, op in ops.items() if any(a.name == "param" for a in op._schema.arguments)}
+    assert {"grouped_mm", "linear", "rowwise_cached_weight_gemm", "blockwise_cached_weight_gemm"} <= takes_param
+    tagged = {name for name, op in ops.items() if torch.Tag.cudagraph_unsafe in op.tags}
+    assert tagged == takes_param
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", ["fp8_rowwise", "fp8_blockwise", "mxfp8"])
+def test_cuda_graphs_see_every_change_to_a_weight(recipe):
+    """Compiled with Inductor's CUDA graphs (what `mode="reduce-overhead"` turns on) and the
+    cache, each change to the weight reaches the next step, bit for bit as without CUDA graphs:
+    a replay that skipped the cache's lookup would read a dropped quantization."""
+    runs = []
+    for cudagraphs in (True, False):
+        model = Experts(recipe, "transposed", pass_route=True).cuda()
+        options = {"recipe": recipe, "weight_cache": True, "inductor": {"triton.cudagraphs": cudagraphs}}
+        runs.append((model, torch.compile(model, backend="mxfp8", options=options)))
+    x, offs = (t.cuda() for t in _inputs())
+
+    def step(model, run):  # cloned: a CUDA graph's next replay writes over its outputs
+        return [t.clone() for t in _step(run, model.w, x, offs)]
+
+    before = step(*runs[0])
+    for (name, change), (_, change_b) in zip(*(_changes(model, run, x, offs) for model, run in runs)):
+        change(), change_b()
+        got, expected = step(*runs[0]), step(*runs[1])
+        assert not torch.equal(got[0], before[0]), name
+        for a, b in zip(got, expected):
+            assert_bitwise_equal(a, b)
+        before = got
+
+
 @pytest.mark.parametrize("route", ["eager", "pass"])
 def test_a_new_storage_at_the_old_address_is_quantized_anew(route):
     """Two `.data` swaps with no GEMM between, the second to a new storage at the address of the
