@@ -3,6 +3,7 @@ once per recipe; or, with --gemms, the rate of each expert GEMM by role and kern
 
     python benchmarks/bench_moe_block.py [--out benchmarks/results/moe_block_h200.json]
         [--shapes dsv3,fine64] [--recipes mxfp8,fp8_rowwise,auto+cache] [--microbatches 4] [--rounds 5]
+        [--cudagraphs]
     python benchmarks/bench_moe_block.py --gemms [--autotune] [--gemm-shapes 128x512x2048x1536,...]
         [--out benchmarks/results/grouped_gemm_rates_h200.json]
 
@@ -10,7 +11,9 @@ Block = w1 and w3 grouped GEMMs, silu-mul, w2 grouped GEMM (`shapes.GroupedExper
 routed tokens in uneven groups per microbatch; a step is --microbatches forwards and backwards
 and an optimizer step writing every weight. Measured side by side in one run on one GPU: the variants take
 turns over --rounds rounds, and each speedup is the median of the per-round ratios (host-bound
-shapes move by 0.1x and more between runs on a busy host).
+shapes move by 0.1x and more between runs on a busy host). --cudagraphs compiles every variant,
+bf16 included, with Inductor's CUDA graphs (what `mode="reduce-overhead"` turns on), which take
+the host's launches out of the step wherever an op lets them.
 
 --gemms times each expert GEMM alone on random operands, uniform token groups, one row per role
 and shape of `RATE_SHAPES` (docs/performance.md, "FP8 grouped GEMM rates"): the forward and input
@@ -51,16 +54,19 @@ def options_of(variant: str) -> dict:
     return {"recipe": recipe, "weight_cache": "cache" in flags}
 
 
-def measure(shape: str, variants: list[str], rounds: int, microbatches: int) -> list[dict]:
+def measure(shape: str, variants: list[str], rounds: int, microbatches: int, cudagraphs: bool = False) -> list[dict]:
     """bf16 compiled and each variant compiled, timed side by side on the same inputs: a step is
     `microbatches` forwards and backwards, the gradients accumulated, then an optimizer step
     that writes every weight (so a variant with the weight cache quantizes each weight once per
-    step, as in training). The SQNRs compare the first microbatch's output and gradients."""
+    step, as in training). The SQNRs compare the first microbatch's output and gradients.
+    `cudagraphs`: every variant compiled with Inductor's CUDA graphs."""
     block, x, counts, grad = block_and_inputs(shape)
-    fns = {"bf16": (block, torch.compile(block))}
+    inductor = {"triton.cudagraphs": True} if cudagraphs else {}
+    fns = {"bf16": (block, torch.compile(block, options=inductor))}
     for variant in variants:
         mod = copy.deepcopy(block)
-        fns[variant] = (mod, torch.compile(mod, backend=mxfp8_backend, options=options_of(variant)))
+        options = {**options_of(variant), "inductor": inductor}
+        fns[variant] = (mod, torch.compile(mod, backend=mxfp8_backend, options=options))
     results, steps, choices = {}, {}, {}
     for name, (mod, fn) in fns.items():
         with pass_log() as choices[name]:  # the first call compiles: what the pass chose, per GEMM
@@ -72,7 +78,7 @@ def measure(shape: str, variants: list[str], rounds: int, microbatches: int) -> 
     rows = []
     for v in variants:
         ratios = [b / t for b, t in zip(ms["bf16"], ms[v])]
-        rows.append({"shape": shape, "recipe": v, "microbatches": microbatches,
+        rows.append({"shape": shape, "recipe": v, "microbatches": microbatches, "cudagraphs": cudagraphs,
                      "bf16_ms": statistics.median(ms["bf16"]), "ms": statistics.median(ms[v]),
                      "speedup": statistics.median(ratios),
                      "speedup_rounds": ratios, "choices": choices[v], "sqnr_out": sqnr(ref[0], results[v][0]),
@@ -216,6 +222,7 @@ def main() -> None:
                    help='variants "RECIPE[+cache]" (+cache: weight_cache=True), comma-separated')
     p.add_argument("--microbatches", type=int, default=1, help="forwards and backwards per optimizer step")
     p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds per variant")
+    p.add_argument("--cudagraphs", action="store_true", help="compile every variant with Inductor's CUDA graphs")
     p.add_argument("--gemms", action="store_true", help="time each expert GEMM by role and kernel instead")
     p.add_argument("--autotune", action="store_true", help="with --gemms: time Inductor's max-autotune template too")
     p.add_argument("--gemm-shapes", help="with --gemms: EXRXKXN forward shapes (experts, rows per group, K, N), "
@@ -243,7 +250,7 @@ def main() -> None:
               f"{'grads min':>9}")
         for shape in args.shapes.split(","):
             torch._dynamo.reset()
-            for row in measure(shape, args.recipes.split(","), args.rounds, args.microbatches):
+            for row in measure(shape, args.recipes.split(","), args.rounds, args.microbatches, args.cudagraphs):
                 rows.append(row)
                 print(f"{shape:<10} {row['recipe']:<12} {row['bf16_ms']:8.3f} {row['ms']:8.3f} {row['speedup']:10.2f}x"
                       f" {row['sqnr_out']:8.1f} {row['sqnr_grads_min']:9.1f}", flush=True)
