@@ -88,16 +88,18 @@ def mxfp8_backend(
     selects Inductor's mode options (torch.compile refuses `mode` together with `options`: put
     the mode's patches under "inductor" instead).
     """
+    from torch._inductor import config as inductor_config
     from torch._inductor import list_mode_options
     from torch._inductor.compile_fx import compile_fx
 
     ensure_registered()
     config, patches = _split_options(options)
     config.check_graph_route("backend='mxfp8'")
-    rewrite(gm, config)
     patches = {**(list_mode_options(mode) if mode else {}), **patches}
     if patches.get("post_grad_custom_post_pass") is not None:
         raise ValueError("backend='mxfp8' uses post_grad_custom_post_pass for its cache key; drop that option")
+    with inductor_config.patch(patches):  # the pass plans for the Inductor that compiles (CUDA graphs or not)
+        rewrite(gm, config)
     patches["post_grad_custom_post_pass"] = CacheKeyPass(config.key())
     return compile_fx(gm, example_inputs, config_patches=patches)
 

@@ -106,7 +106,7 @@ def _fits(recipe: str, K: int, N: int) -> bool:
 
 
 def _measured(M: int, K: int, N: int, E: int, dense: bool, device: torch.device, rounding: str,
-              cached: bool, compiled: bool) -> Plan:
+              cached: bool, compiled: bool, graphs: bool) -> Plan:
     """Each role's fastest candidate as timed on `device`, FP8 only where at least `MARGIN`
     faster than bf16."""
     tokens = M if dense else M / max(E, 1)
@@ -115,11 +115,11 @@ def _measured(M: int, K: int, N: int, E: int, dense: bool, device: torch.device,
     if names == ["bf16"]:
         return Plan((Impl.BF16,) * 3, (f"bf16: no FP8 recipe multiplies in FP8 on {measure.device_name(device)} "
                                     "at this shape",) * 3)
-    where = f"at {tokens:.0f} {unit}, timed on {measure.device_name(device)}"
+    where = f"at {tokens:.0f} {unit}, timed on {measure.device_name(device)}" + (" for CUDA graphs" if graphs else "")
     impls, reasons = [], []
     for role in ROLES:
         ms = measure.times(names, role, M, K, N, E, dense=dense, rounding=rounding, cached=cached, compiled=compiled,
-                           device=device)
+                           device=device, graphs=graphs)
         best = min(ms, key=ms.get)
         best = best if ms[best] < (1 - MARGIN) * ms["bf16"] else "bf16"
         shown = ", ".join(f"{r} {t:.3f} ms" for r, t in ms.items())
@@ -130,7 +130,7 @@ def _measured(M: int, K: int, N: int, E: int, dense: bool, device: torch.device,
 
 
 def _auto(M: int | None, K: int, N: int, E: int, dense: bool, device: torch.device | None, timed: bool,
-          rounding: str, cached: bool, compiled: bool) -> Plan:
+          rounding: str, cached: bool, compiled: bool, graphs: bool) -> Plan:
     if M is None:  # left to the op, which picks per call from its shapes (lowering/dispatch.py)
         if timed:
             return Plan((Impl.PER_CALL_TIMED,) * 3,
@@ -138,7 +138,7 @@ def _auto(M: int | None, K: int, N: int, E: int, dense: bool, device: torch.devi
         return Plan((Impl.PER_CALL,) * 3, ("token count dynamic at compile time: chosen per call by its own",) * 3)
     if timed:
         try:
-            return _measured(M, K, N, E, dense, device, rounding, cached, compiled)
+            return _measured(M, K, N, E, dense, device, rounding, cached, compiled, graphs)
         except torch.OutOfMemoryError:
             # the operands of the timing did not fit beside the model: choose without timing
             warn(f"recipe='auto' could not time a GEMM of {M} x {K} x {N} on {measure.device_name(device)}: "
@@ -175,12 +175,13 @@ def _fixed_recipe(device: torch.device | None) -> str | None:
 
 def plan_for(recipe: str, wgrad: str, *, M: int | None, K: int, N: int, E: int, dense: bool,
              device: torch.device | None = None, autotune: bool = False, rounding: str = "rceil",
-             cached: bool = False, compiled: bool = False) -> Plan:
+             cached: bool = False, compiled: bool = False, graphs: bool = False) -> Plan:
     """The recipe of each GEMM of one site: `recipe` for all three (the weight gradient in bf16
     with wgrad="bf16"), or with "auto" the choice for M token rows on `device`. With `autotune`
     on a CUDA GPU: each role timed there (`measure.times`, in `rounding`, the weight's quantization
     reused if `cached`; `compiled`: as the compiled graph runs the op, which Inductor decomposes
-    and fuses with the activation's producer); M None (dynamic or unknown at compile time) gives
+    and fuses with the activation's producer; `graphs`: under CUDA graphs, which take the host
+    time of the calls they replay); M None (dynamic or unknown at compile time) gives
     PER_CALL_TIMED, timed by the op per call's token count. Otherwise the H200 cost model (M None:
     "auto", chosen per call by the op), except that compute capability 10.x takes native MXFP8 (not
     calibrated here) and other GPUs (ROCm ones included) bf16."""
@@ -194,7 +195,7 @@ def plan_for(recipe: str, wgrad: str, *, M: int | None, K: int, N: int, E: int, 
         # the op returns zeros without a GEMM: no cost to compare, and no FP8 to gain
         plan = Plan((Impl.BF16,) * 3, ("K or N is 0: nothing to multiply",) * 3)
     elif recipe == "auto":
-        plan = _auto(M, K, N, E, dense, device, timed, rounding, cached, compiled)
+        plan = _auto(M, K, N, E, dense, device, timed, rounding, cached, compiled, graphs)
     else:
         plan = Plan((Impl(recipe),) * 3, (recipe,) * 3)
     if wgrad == "bf16":

@@ -13,6 +13,8 @@ pay its extra write there (the float8 rows and scales beside the bf16 output), t
 of those bytes. Every other quantization (weights, the weight gradient's token groups, mxfp8's
 activations, which its ops keep opaque) costs in a compiled model what it costs eagerly. A time is
 the call's GPU time plus its host time (`_bench`): blocks of short GEMMs are bound by the host.
+Under CUDA graphs (`graphs`) a call that a replay repeats costs no host time, and is timed on the
+GPU alone; the ops that reuse a weight run between the graphs and keep their host time.
 
 Times are kept per process and on disk in Inductor's cache directory, keyed by the GPU, the
 torch, Triton and package versions and the GEMM, so a shape is timed once per machine.
@@ -109,17 +111,18 @@ def _device_key(device: torch.device) -> str:
     return f"{name}|cc{cap}|torch {torch.__version__}|triton {triton.__version__}|mxfp8_inductor {__version__}"
 
 
-def _bench(fn, host_fn=None) -> float:
+def _bench(fn, host_fn=None, host: bool = True) -> float:
     """Milliseconds of `fn()` as a step of such calls pays it at worst: its GPU time (median of
-    `triton.testing.do_bench`) plus its host time per call (of `host_fn()` where given: `fn` less
-    the launches that stand in for another kernel's work). A block of short GEMMs is bound by its
-    host, which then pays each call's host time in full; do_bench alone does not show it, since
-    the cache flush it runs before each call keeps the GPU busy meanwhile. Counted for every
-    candidate, so an FP8 role wins only where its GEMM's gain exceeds the host time it adds."""
+    `triton.testing.do_bench`) plus, with `host`, its host time per call (of `host_fn()` where
+    given: `fn` less the launches that stand in for another kernel's work). A block of short GEMMs
+    is bound by its host, which then pays each call's host time in full; do_bench alone does not
+    show it, since the cache flush it runs before each call keeps the GPU busy meanwhile. Counted
+    for every candidate, so an FP8 role wins only where its GEMM's gain exceeds the host time it
+    adds; `host=False` for a call a CUDA graph replays."""
     import triton.testing
 
     gpu_ms = triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
-    return gpu_ms + _host_ms(host_fn or fn)
+    return gpu_ms + _host_ms(host_fn or fn) if host else gpu_ms
 
 
 def _host_ms(fn, calls: int = 10, turns: int = 3) -> float:
@@ -153,27 +156,35 @@ def _operands(role: str, M: int, K: int, N: int, E: int, dense: bool, cached: bo
             "weight-grad": (x_MK, grad_MN, offs)}[role]
 
 
+def _host_counted(recipe: str, role: str, cached: bool, graphs: bool) -> bool:
+    """Whether a call pays host time: always outside CUDA graphs; under them only an op that
+    reuses a weight (it runs between the graphs: docs/design.md, "Weight cache")."""
+    return not graphs or (cached and recipe != "bf16" and role != Role.WEIGHT_GRAD)
+
+
 def times(recipes: list[str], role: str, M: int, K: int, N: int, E: int, *, dense: bool, rounding: str,
-          cached: bool, compiled: bool, device: torch.device) -> dict[str, float]:
+          cached: bool, compiled: bool, device: torch.device, graphs: bool = False) -> dict[str, float]:
     """Milliseconds of one GEMM role in each of `recipes` (see `candidates`): M token rows (in E
     uniform groups unless `dense`), contraction K, output width N; `cached`: the weight cache is on;
-    `compiled`: as a compiled model runs it (the module docstring)."""
+    `compiled`: as a compiled model runs it; `graphs`: under CUDA graphs (the module docstring)."""
     kind = "dense" if dense else "grouped"
-    # "host": times taken as `_bench` takes them, GPU and host time together
+    host = {r: _host_counted(r, role, cached, graphs) for r in recipes}
+    # "host": GPU and host time together; "gpu": GPU time alone
     keys = {r: f"{_device_key(device)}|{kind}|{role}|{r}|M={M}|K={K}|N={N}|E={E}|{rounding}|cache={cached}"
-               f"|compiled={compiled}|host" for r in recipes}
+               f"|compiled={compiled}|{'host' if host[r] else 'gpu'}" for r in recipes}
     with _lock:
         known = _load()
         missing = [r for r, key in keys.items() if key not in known]
         if missing:
-            new = {keys[r]: _time(r, role, M, K, N, E, dense, rounding, cached, compiled, device) for r in missing}
+            new = {keys[r]: _time(r, role, M, K, N, E, dense, rounding, cached, compiled, device, host[r])
+                   for r in missing}
             known.update(new)
             _save(new)
         return {r: known[key] for r, key in keys.items()}
 
 
 def _time(recipe: str, role: str, M: int, K: int, N: int, E: int, dense: bool, rounding: str, cached: bool,
-          compiled: bool, device: torch.device) -> float:
+          compiled: bool, device: torch.device, host: bool) -> float:
     from torch.utils._python_dispatch import _disable_current_modes
 
     spec = GemmSpec(Role(role), Impl(recipe), rounding, reuse_weight=cached and role != Role.WEIGHT_GRAD, dense=dense)
@@ -182,10 +193,10 @@ def _time(recipe: str, role: str, M: int, K: int, N: int, E: int, dense: bool, r
     with _disable_current_modes(), torch.no_grad(), on_device:
         args = _operands(role, M, K, N, E, dense, cached, device)
         if spec.role is Role.WEIGHT_GRAD:
-            return _bench(lambda: method(spec)(*args, spec, False))
+            return _bench(lambda: method(spec)(*args, spec, False), host=host)
         x_MC, b, *offs, param = args
         if not (compiled and spec.impl is Impl.FP8_ROWWISE):
-            return _bench(lambda: method(spec)(*args[:-1], spec, param, False))
+            return _bench(lambda: method(spec)(*args[:-1], spec, param, False), host=host)
         # the activation's rows come quantized from their producer, which writes them beside its output
         b_EKN, offs = (b.t()[None], None) if dense else (b, offs[0])
         x_fp8, x_scales = rowwise.quantize_rows(x_MC, rounding, decomposing=False)
@@ -201,4 +212,4 @@ def _time(recipe: str, role: str, M: int, K: int, N: int, E: int, dense: bool, r
             scale_bytes.fill_(0)
             return gemm()
 
-        return _bench(run, gemm)
+        return _bench(run, gemm, host)

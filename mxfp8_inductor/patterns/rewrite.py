@@ -68,6 +68,16 @@ def _static(n) -> int | None:
     return int(n) if is_concrete_int(n) else None
 
 
+def _cuda_graphs(config: MXFP8Config) -> bool:
+    """Whether Inductor will run the compiled graph under CUDA graphs (its config while the pass
+    runs: `mode="reduce-overhead"` or the backend's "inductor" patches). Without graph partition a
+    graph holding an op that reuses a weight is left out of them (docs/design.md, "Weight cache")."""
+    from torch._inductor import config as inductor
+
+    partition = bool(getattr(inductor, "graph_partition", False))
+    return bool(inductor.triton.cudagraphs) and (partition or not config.weight_cache)
+
+
 def plan(site: Site, config: MXFP8Config) -> Plan:
     """The recipe of each of the site's GEMMs (lowering/auto.py), as Inductor compiles them: the op
     decomposed, its activations' row quantization fused into their producers."""
@@ -79,7 +89,8 @@ def plan(site: Site, config: MXFP8Config) -> Plan:
         E, K, N = (static_dim(n) for n in b.shape)
         M = _static(a.shape[0])
     return plan_for(config.recipe, config.wgrad, M=M, K=K, N=N, E=E, dense=site.dense, device=b.device,
-                    autotune=config.autotune, rounding=config.rounding, cached=config.weight_cache, compiled=True)
+                    autotune=config.autotune, rounding=config.rounding, cached=config.weight_cache, compiled=True,
+                    graphs=_cuda_graphs(config))
 
 
 def _replace(site: Site, config: MXFP8Config, impls: tuple[Impl, Impl, Impl],

@@ -194,10 +194,11 @@ class _Bench:
     and returns the next of the given times (an error once they run out: nothing more may be timed)."""
 
     def __init__(self, ms: list[float]) -> None:
-        self.ms, self.shapes = list(ms), []
+        self.ms, self.shapes, self.host = list(ms), [], []
 
-    def __call__(self, fn, host_fn=None) -> float:
+    def __call__(self, fn, host_fn=None, host=True) -> float:
         self.shapes.append(tuple(fn().shape))
+        self.host.append(host)
         assert self.ms, "timed a GEMM the measurements on disk should have answered"
         return self.ms.pop(0)
 
@@ -256,7 +257,7 @@ def test_compiled_roles_time_fp8_rowwise_with_its_activation_quantized_by_the_pr
     monkeypatch.setattr(rowwise, "quantize_rows", lambda x, *a, **k: quantized.append(x.dim()) or real(x, *a, **k))
     inside = []
 
-    def bench(fn, host_fn=None):
+    def bench(fn, host_fn=None, host=True):
         quantized.clear()
         out = fn()
         inside.append((tuple(out.shape), sorted(quantized)))
@@ -337,6 +338,31 @@ def test_autotune_reports_times_in_explain_and_defers_a_dynamic_token_count(time
         want = mx.grouped_mm(x, w.transpose(-2, -1), offs, recipe="fp8_rowwise")
         assert torch.equal(got, want)
     assert bench.shapes[:2] == [(128, 128)] * 2 and len(bench.shapes) == 6
+
+
+@pytest.mark.parametrize("partition", [True, False])
+@pytest.mark.parametrize("cached", [False, True])
+def test_under_cuda_graphs_only_calls_between_graphs_pay_host_time(timed, cached, partition):
+    """Compiled for CUDA graphs (the backend's Inductor patches; `mode="reduce-overhead"`), a call
+    a replay repeats costs no host time: each role is timed on the GPU alone, except an FP8 call
+    that reuses a weight, which runs between the graphs. Without graph partition such a call
+    keeps the whole graph out of CUDA graphs: every call pays its host time again."""
+    from torch._inductor import config as inductor
+
+    x, offs = torch.randn(8, 64, dtype=torch.bfloat16), torch.arange(1, 5, dtype=torch.int32) * 2
+    options = {"recipe": "auto", "weight_cache": cached}
+    graphs = partition or not cached
+    # (bf16, fp8_rowwise) per role: forward, input gradient, weight gradient
+    under_graphs = [False, cached] * 2 + [False, False] if graphs else [True] * 6
+    # then without CUDA graphs: each GEMM timed on the GPU alone is timed again with its host time
+    outside = [True] * under_graphs.count(False)
+    with inductor.patch(graph_partition=partition):
+        for patches, host in (({"triton.cudagraphs": True}, under_graphs), ({}, outside)):
+            bench = timed([1.0, 0.5] * 3)
+            torch._dynamo.reset()
+            torch.compile(_Experts(), backend="mxfp8", options={**options, "inductor": patches})(x, offs)
+            assert bench.host == host
+    torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("major, timed", [(9, ["bf16", "fp8_rowwise"]), (10, ["bf16", "mxfp8"]), (8, ["bf16"])])
