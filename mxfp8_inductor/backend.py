@@ -63,7 +63,8 @@ class PreGradRewrite(CustomGraphPass):
         return _uuid(self.config.key() if self.config else "marked-models")
 
 
-def _split_options(options: MXFP8Config | Mapping[str, Any] | None) -> tuple[MXFP8Config, dict[str, Any]]:
+def split_options(options: MXFP8Config | Mapping[str, Any] | None) -> tuple[MXFP8Config, dict[str, Any]]:
+    """The backend's options as (the pass's config, the Inductor config patches under "inductor")."""
     if isinstance(options, MXFP8Config) or options is None:
         return MXFP8Config.from_options(options), {}
     options = dict(options)
@@ -93,7 +94,7 @@ def mxfp8_backend(
     from torch._inductor.compile_fx import compile_fx
 
     ensure_registered()
-    config, patches = _split_options(options)
+    config, patches = split_options(options)
     config.check_graph_route("backend='mxfp8'")
     patches = {**(list_mode_options(mode) if mode else {}), **patches}
     if patches.get("post_grad_custom_post_pass") is not None:

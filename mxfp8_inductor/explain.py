@@ -11,7 +11,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from . import marks
-from .backend import ensure_registered
+from .backend import ensure_registered, split_options
 from .options import MXFP8Config
 from .patterns.rewrite import SiteReport, rewrite
 
@@ -65,16 +65,18 @@ def explain(
     """Compile `model`, run it on the inputs (forward, then a backward that leaves `.grad`
     untouched) and report what the pass did.
 
-    Options as for backend="mxfp8"; without them a model marked with `mxfp8()` uses its own
+    Options as for backend="mxfp8" ("inductor" patches apply while the pass plans: CUDA graphs
+    change what `recipe="auto"` times); without them a model marked with `mxfp8()` uses its own
     options and an unmarked one the defaults. Resets Dynamo's caches before and after.
     """
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
+    from torch._inductor import config as inductor_config
 
     ensure_registered()
     table = marks.marked_params()
     marked = any(marks.lookup(p, table) is not None for p in model.parameters())
-    config = MXFP8Config.from_options(options) if options is not None or not marked else None
+    config, patches = split_options(options) if options is not None or not marked else (None, {})
     if config is not None:
         config.check_graph_route("explain(options=...)")
     sites: list[SiteReport] = []
@@ -91,7 +93,8 @@ def explain(
     aot = aot_autograd(fw_compiler=capture("forward"), bw_compiler=capture("backward"))
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **_: Any):
-        sites.extend(rewrite(gm, config))
+        with inductor_config.patch(patches):
+            sites.extend(rewrite(gm, config))
         graphs.append(graph_code(gm))
         return aot(gm, example_inputs)
 

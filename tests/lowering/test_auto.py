@@ -365,6 +365,17 @@ def test_under_cuda_graphs_only_calls_between_graphs_pay_host_time(timed, cached
     torch._dynamo.reset()
 
 
+def test_explain_plans_with_the_backends_inductor_patches(timed):
+    """explain() takes the backend's options, "inductor" included: its report gives the times the
+    compiled model's pass compares under CUDA graphs."""
+    bench = timed([1.0, 0.5] * 3)
+    x, offs = torch.randn(8, 64, dtype=torch.bfloat16), torch.arange(1, 5, dtype=torch.int32) * 2
+    report = mx.explain(_Experts(), x, offs, options={"recipe": "auto", "inductor": {"triton.cudagraphs": True}})
+    assert bench.host == [False] * 6
+    reasons = [s.reason for s in report.sites if s.action == "rewritten"]
+    assert len(reasons) == 2 and all(r.endswith("timed on cpu for CUDA graphs") for r in reasons)
+
+
 @pytest.mark.parametrize("major, timed", [(9, ["bf16", "fp8_rowwise"]), (10, ["bf16", "mxfp8"]), (8, ["bf16"])])
 def test_only_recipes_that_multiply_in_fp8_are_timed(monkeypatch, major, timed):
     """An emulated recipe multiplies in bf16 after rounding: it cannot win, so it is not timed."""
@@ -390,7 +401,7 @@ def test_timing_out_of_gpu_memory_warns_and_chooses_from_the_cost_model(timed, t
 
     table(0.5, 0.5, 2.0)
 
-    def oom(fn, host_fn=None):
+    def oom(fn, host_fn=None, host=True):
         raise torch.OutOfMemoryError("CUDA out of memory")
 
     monkeypatch.setattr(measure, "_bench", oom)
