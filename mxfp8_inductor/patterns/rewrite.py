@@ -68,14 +68,34 @@ def _static(n) -> int | None:
     return int(n) if is_concrete_int(n) else None
 
 
-def _cuda_graphs(config: MXFP8Config) -> bool:
-    """Whether Inductor will run the compiled graph under CUDA graphs (its config while the pass
-    runs: `mode="reduce-overhead"` or the backend's "inductor" patches). Without graph partition a
-    graph holding an op that reuses a weight is left out of them (docs/design.md, "Weight cache")."""
+def _inductor_graphs() -> tuple[bool, bool]:
+    """(CUDA graphs, graph partition) as the Inductor compiling this graph has them: its config
+    while the pass runs (`mode="reduce-overhead"`, the backend's "inductor" patches)."""
     from torch._inductor import config as inductor
 
-    partition = bool(getattr(inductor, "graph_partition", False))
-    return bool(inductor.triton.cudagraphs) and (partition or not config.weight_cache)
+    return bool(inductor.triton.cudagraphs), bool(getattr(inductor, "graph_partition", False))
+
+
+def _cuda_graphs(config: MXFP8Config) -> bool:
+    """Whether the compiled graph's GEMMs run under CUDA graphs. Without graph partition a graph
+    holding an op that reuses a weight is left out of them (docs/design.md, "Weight cache")."""
+    graphs, partition = _inductor_graphs()
+    return graphs and (partition or not config.weight_cache)
+
+
+_warned_graphs = False
+
+
+def _warn_graphs_off() -> None:
+    """Once per process, for a graph with an op reusing a weight: where CUDA graphs are asked for
+    without graph partition, that op keeps the graph out of them (Inductor only logs it)."""
+    global _warned_graphs
+    graphs, partition = _inductor_graphs()
+    if _warned_graphs or not graphs or partition:
+        return
+    _warned_graphs = True
+    warn("mxfp8: this graph runs without CUDA graphs: its GEMMs that reuse weights (weight_cache=True) run "
+         "between graphs, which needs Inductor's graph_partition=True; set it, or weight_cache=False")
 
 
 def plan(site: Site, config: MXFP8Config) -> Plan:
@@ -207,6 +227,7 @@ def rewrite(gm: torch.fx.GraphModule, config: MXFP8Config | None) -> list[SiteRe
     rows: list[SiteReport] = []
     touched: dict[int, torch.fx.GraphModule] = {}
     replaced: dict[torch.fx.Node, torch.fx.Node] = {}
+    reuses = False  # an op given a parameter: it runs outside CUDA graphs
     for site in sites:
         cfg = config if config is not None else site.marked.config if site.marked is not None else None
         if cfg is None or site.node.meta.get(DECIDED):
@@ -219,10 +240,13 @@ def rewrite(gm: torch.fx.GraphModule, config: MXFP8Config | None) -> list[SiteRe
         else:
             name = _replace(site, cfg, site_plan.impls, replaced)
             touched[id(site.gm)] = site.gm
+            reuses = reuses or (cfg.weight_cache and site.param_node is not None)
         rows += _rows(site, name, action, reason, cfg, site_plan)
     for module in touched.values():
         module.graph.lint()
         module.recompile()
+    if reuses:
+        _warn_graphs_off()
     for r in rows:
         counters["inductor"][f"mxfp8_{r.role}_{r.action}".replace(" ", "_").replace("-", "_")] += 1
         log.info("mxfp8: %s %s in %s, %s (%s): %s", r.role, r.action, r.impl, r.weight_fqn or r.module_fqn, r.node,

@@ -397,6 +397,30 @@ def test_every_op_that_takes_the_parameter_runs_outside_cuda_graphs():
     assert tagged == takes_param
 
 
+@pytest.mark.parametrize("partition", [True, False])
+def test_cuda_graphs_turned_off_by_reuse_warn_once(monkeypatch, partition):
+    """CUDA graphs without graph partition: a graph holding an op that reuses a weight runs
+    without them (Inductor only logs it), which the pass says once per process."""
+    from torch._inductor import config as inductor
+
+    from mxfp8_inductor.patterns import rewrite
+
+    monkeypatch.setattr(rewrite, "_warned_graphs", False)
+    x, offs = _inputs()
+    options = {"recipe": "fp8_rowwise", "weight_cache": True, "inductor": {"triton.cudagraphs": True}}
+    counts = []
+    with inductor.patch(graph_partition=partition), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for cache in (False, True, True):  # without reuse nothing to say; with it, said once
+            torch._dynamo.reset()
+            model = Experts("fp8_rowwise", "transposed", pass_route=True)
+            torch.compile(model, backend="mxfp8", options={**options, "weight_cache": cache})(x, offs)
+            counts.append(sum("CUDA graphs" in str(w.message) for w in caught))
+    assert counts == ([0, 0, 0] if partition else [0, 1, 1])
+    assert partition or any("graph_partition=True" in str(w.message) for w in caught)
+    torch._dynamo.reset()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("recipe", ["fp8_rowwise", "fp8_blockwise", "mxfp8"])
 def test_cuda_graphs_see_every_change_to_a_weight(recipe):
