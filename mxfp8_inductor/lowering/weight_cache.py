@@ -261,11 +261,18 @@ def _forget(pid: int, ref: weakref.ref) -> None:
             del _params[pid]
 
 
+def _capturing(w: torch.Tensor) -> bool:
+    """Whether `w`'s GEMM is being captured into a CUDA graph: its replays repeat the kernels
+    launched now and skip this lookup, so a reuse would be served to every later replay."""
+    return w.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 def quantized(w: torch.Tensor, param: torch.Tensor | None, kind: tuple,
               quantize: Callable[[torch.Tensor], tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
     """`quantize(w)`, reused while `w` is a view of `param` (None: never) and `param` is
-    unchanged; `kind` names the quantization (its recipe, rounding, orientation)."""
-    if not reusable(w, param) or (record := _record(param)) is None:
+    unchanged; `kind` names the quantization (its recipe, rounding, orientation). Never reused
+    into a CUDA graph's capture, whose replays then quantize the weight as it is then."""
+    if not reusable(w, param) or _capturing(w) or (record := _record(param)) is None:
         return quantize(w)
     global _hook
     key = (w.storage_offset(), tuple(w.shape), w.stride(), kind)

@@ -397,6 +397,44 @@ def test_every_op_that_takes_the_parameter_runs_outside_cuda_graphs():
     assert tagged == takes_param
 
 
+def test_a_capture_into_a_cuda_graph_quantizes_the_weight_as_it_is(monkeypatch):
+    """A GEMM captured into a CUDA graph (a user's `torch.cuda.graph` around the eager op) neither
+    takes nor leaves a reused quantization: its replays repeat the capture's kernels, so the
+    weight's quantization must be among them."""
+    model, (x, offs) = Experts("fp8_rowwise", "transposed", pass_route=False), _inputs()
+    monkeypatch.setattr(weights, "_capturing", lambda w: True)
+    for _ in range(2):
+        for got, ref in zip(_step(model, model.w, x, offs), _fresh(model, x, offs)):
+            assert_bitwise_equal(got, ref)
+        assert weights.cached_bytes() == 0
+        with torch.no_grad():
+            model.w.data.mul_(-1)  # a write the version counter misses: a reuse would be stale
+
+
+@pytest.mark.gpu
+def test_a_captured_gemm_replays_with_the_current_weight():
+    """The eager op with the cache captured by `torch.cuda.graph`: after an in-place weight update
+    outside the graph, a replay computes with the new weight."""
+    model = Experts("fp8_rowwise", "transposed", pass_route=False).cuda()
+    x, offs = (t.cuda() for t in _inputs())
+    with torch.no_grad():
+        model(x, offs)  # warm-up outside the capture: kernels compiled and autotuned
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            model(x, offs)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = model(x, offs)
+        for scale in (2.0, -0.5):
+            model.w.mul_(scale)
+            graph.replay()
+            weights.clear_weight_cache()
+            assert_bitwise_equal(out, mx.grouped_mm(x, model.w.transpose(-2, -1), offs, recipe="fp8_rowwise",
+                                                    weight_cache=True))
+
+
 @pytest.mark.parametrize("partition", [True, False])
 def test_cuda_graphs_turned_off_by_reuse_warn_once(monkeypatch, partition):
     """CUDA graphs without graph partition: a graph holding an op that reuses a weight runs
