@@ -14,7 +14,8 @@ of those bytes. Every other quantization (weights, the weight gradient's token g
 activations, which its ops keep opaque) costs in a compiled model what it costs eagerly. A time is
 the call's GPU time plus its host time (`_bench`): blocks of short GEMMs are bound by the host.
 Under CUDA graphs (`graphs`) a call that a replay repeats costs no host time, and is timed on the
-GPU alone; the ops that reuse a weight run between the graphs and keep their host time.
+GPU alone; the ops that reuse a weight, and native MXFP8's forward and input-gradient ops, run
+between the graphs and keep their host time.
 
 Times are kept per process and on disk in Inductor's cache directory, keyed by the GPU, the
 torch, Triton and package versions and the GEMM, so a shape is timed once per machine.
@@ -157,9 +158,12 @@ def _operands(role: str, M: int, K: int, N: int, E: int, dense: bool, cached: bo
 
 
 def _host_counted(recipe: str, role: str, cached: bool, graphs: bool) -> bool:
-    """Whether a call pays host time: always outside CUDA graphs; under them only an op that
-    reuses a weight (it runs between the graphs: docs/design.md, "Weight cache")."""
-    return not graphs or (cached and recipe != "bf16" and role != Role.WEIGHT_GRAD)
+    """Whether a call pays host time: always outside CUDA graphs; under them only a forward or
+    input-gradient call of an op that runs between the graphs (docs/design.md, "Weight cache"):
+    one reusing the weight, or native MXFP8's, whose op stays opaque."""
+    if not graphs:
+        return True
+    return recipe != "bf16" and role != Role.WEIGHT_GRAD and (cached or recipe == "mxfp8")
 
 
 def times(recipes: list[str], role: str, M: int, K: int, N: int, E: int, *, dense: bool, rounding: str,

@@ -9,6 +9,7 @@ from models import MoEModel
 
 import mxfp8_inductor as mx
 from mxfp8_inductor.lowering import auto, dispatch, measure
+from mxfp8_inductor.spec import ROLES
 
 
 def _table(forward: float, dgrad: float, wgrad: float) -> dict:
@@ -363,6 +364,18 @@ def test_under_cuda_graphs_only_calls_between_graphs_pay_host_time(timed, cached
             torch.compile(_Experts(), backend="mxfp8", options={**options, "inductor": patches})(x, offs)
             assert bench.host == host
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_under_cuda_graphs_native_mxfp8s_opaque_ops_pay_host_time(timed, cached):
+    """Native MXFP8's forward and input-gradient ops stay opaque, and run between the graphs with
+    or without the weight cache: their calls keep their host time; its weight gradient's op
+    (which takes no parameter) and bf16's calls are replayed."""
+    bench = timed([1.0] * 6)
+    for role in ROLES:
+        measure.times(["bf16", "mxfp8"], role, 64, 64, 128, 4, dense=False, rounding="rceil", cached=cached,
+                      compiled=True, device=CPU, graphs=True)
+    assert bench.host == [False, True, False, True, False, False]
 
 
 def test_explain_plans_with_the_backends_inductor_patches(timed):
