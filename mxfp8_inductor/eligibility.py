@@ -146,9 +146,10 @@ def check_offs_form(offs: Any) -> None:
 
 def check_offs_values(offs: torch.Tensor, rows: int) -> None:
     """Raise ValueError unless the group ends are non-decreasing within [0, rows]. Values are
-    unknown while tracing: compiled graphs rely on the kernels' clamping (docs/design.md,
-    "Group ends")."""
-    if torch.compiler.is_compiling() or not offs.numel():
+    unknown while tracing, and unreadable while a CUDA graph is captured (reading them waits on
+    the GPU): there, as in compiled graphs, the kernels' clamping holds (docs/design.md, "Group
+    ends")."""
+    if torch.compiler.is_compiling() or not offs.numel() or (offs.is_cuda and torch.cuda.is_current_stream_capturing()):
         return
     ends = offs.cpu()
     if bool((ends[1:] < ends[:-1]).any()) or int(ends[0]) < 0:
