@@ -2,7 +2,8 @@
 (GEMMs, quantization, the rest), the top CUDA kernels and the host time of the package's ops.
 
     python benchmarks/profile_moe_block.py dsv3:bf16 dsv3:fp8_rowwise qwen3_30b:mxfp8 [--top 16]
-        [--train-step 4] [--kernels gluon,tl] [--python 30] [--out benchmarks/results/profile_moe_block_h200.json]
+        [--train-step 4] [--kernels gluon,tl] [--python 30] [--cudagraphs]
+        [--out benchmarks/results/profile_moe_block_h200.json]
     python benchmarks/profile_moe_block.py --table benchmarks/results/profile_moe_block_h200.json
     python benchmarks/profile_moe_block.py --floor benchmarks/results/profile_moe_block_train_h100.json
 
@@ -18,6 +19,7 @@ bench_moe_block.py's training step: N microbatches and an optimizer step, after 
 cache quantizes each weight again.
 --kernels profiles each compiled block once per FP8 grouped-GEMM kernel: "gluon" (the default on
 Hopper) and "tl" (`kernels/triton_fp8_gemm.py`, the fallback), the same compiled graph.
+--cudagraphs compiles every block with Inductor's CUDA graphs (as bench_moe_block.py --cudagraphs).
 Quantization is every kernel of the package that quantizes or dequantizes, and every kernel
 Inductor generated that writes float8 (a quantization fused into its producer): Inductor's
 kernels are told apart by their source, so the script points Inductor's cache at a fresh
@@ -83,14 +85,15 @@ def kind(name: str, fp8_writers: set[str]) -> str:
     return "gemm" if GEMM.search(name) else "other"
 
 
-def compiled_step(shape: str, variant: str, train: int):
+def compiled_step(shape: str, variant: str, train: int, cudagraphs: bool = False):
     """The compiled block's step (see the module docstring)."""
     torch._dynamo.reset()
     block, x, counts, grad = block_and_inputs(shape)
+    inductor = {"triton.cudagraphs": True} if cudagraphs else {}
     if variant == "bf16":
-        fn = torch.compile(block)
+        fn = torch.compile(block, options=inductor)
     else:
-        fn = torch.compile(block, backend=mxfp8_backend, options=options_of(variant))
+        fn = torch.compile(block, backend=mxfp8_backend, options={**options_of(variant), "inductor": inductor})
     if train:
         return train_step(block, fn, x, counts, grad, train)
     return lambda: fn(x, counts).backward(grad)
@@ -263,6 +266,7 @@ def main() -> None:
                                                       "gluon, tl, or both comma-separated")
     p.add_argument("--python", type=int, default=0, metavar="N",
                    help="also list the N Python functions with the most host time per step (cProfile)")
+    p.add_argument("--cudagraphs", action="store_true", help="compile every block with Inductor's CUDA graphs")
     p.add_argument("--out", help="also write every profile's kernels to this JSON file")
     p.add_argument("--table", metavar="JSON", help="print the quantization table of a saved file (no GPU)")
     p.add_argument("--floor", metavar="JSON", help="print the quantization floor and ceiling of a saved "
@@ -282,13 +286,14 @@ def main() -> None:
     rows = []
     for arg in args.blocks:
         shape, variant = arg.split(":")
-        step = compiled_step(shape, variant, args.train_step)
+        step = compiled_step(shape, variant, args.train_step, args.cudagraphs)
         for kernels in ["gluon"] if variant == "bf16" else args.kernels.split(","):
             rows.append(profile_step(step, shape, variant, kernels, args.top, args.python))
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
                        "date": datetime.date.today().isoformat(), "train_step": args.train_step,
+                       "cudagraphs": args.cudagraphs,
                        "profiles": rows}, f, indent=1)
 
 
