@@ -72,7 +72,7 @@ def measure(shape: str, variants: list[str], rounds: int, microbatches: int, cud
         with pass_log() as choices[name]:  # the first call compiles: what the pass chose, per GEMM
             out = fwd_bwd(mod, fn, x, counts, grad)()
         results[name] = [out.detach().clone(), x.grad.clone()] + [p.grad.clone() for p in mod.parameters()]
-        steps[name] = train_step(mod, fn, x, counts, grad, microbatches)
+        steps[name] = train_step(mod, fn, x, counts, grad, microbatches, cudagraphs)
     ms = interleaved(steps, rounds)
     ref = results["bf16"]
     rows = []
@@ -108,6 +108,7 @@ def fwd_bwd(mod: torch.nn.Module, fn, x: torch.Tensor, counts: torch.Tensor, gra
         x.grad = None
         for p in mod.parameters():
             p.grad = None
+        torch.compiler.cudagraph_mark_step_begin()  # as in `train_step`
         out = fn(x, counts)
         out.backward(grad)
         return out
@@ -115,15 +116,21 @@ def fwd_bwd(mod: torch.nn.Module, fn, x: torch.Tensor, counts: torch.Tensor, gra
 
 
 def train_step(mod: torch.nn.Module, fn, x: torch.Tensor, counts: torch.Tensor, grad: torch.Tensor,
-               microbatches: int):
+               microbatches: int, cudagraphs: bool = False):
     """`microbatches` forwards and backwards of `fn` accumulating gradients, then an SGD step
-    (a tiny learning rate: the weights are written, and move too little to change the timings)."""
+    (a tiny learning rate: the weights are written, and move too little to change the timings).
+    `cudagraphs` (`fn` compiled with them): the gradients are zeroed, not freed, so that they
+    never become a CUDA graph's output, which the next microbatch's replay would write over."""
     opt = torch.optim.SGD(mod.parameters(), lr=1e-9, foreach=True)
+    if cudagraphs:
+        for p in mod.parameters():
+            p.grad = torch.zeros_like(p)
 
     def step():
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=not cudagraphs)
         for _ in range(microbatches):
             x.grad = None
+            torch.compiler.cudagraph_mark_step_begin()  # each microbatch a new step of CUDA graphs, where on
             fn(x, counts).backward(grad)
         opt.step()
     return step

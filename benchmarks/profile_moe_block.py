@@ -95,7 +95,7 @@ def compiled_step(shape: str, variant: str, train: int, cudagraphs: bool = False
     else:
         fn = torch.compile(block, backend=mxfp8_backend, options={**options_of(variant), "inductor": inductor})
     if train:
-        return train_step(block, fn, x, counts, grad, train)
+        return train_step(block, fn, x, counts, grad, train, cudagraphs)
     return lambda: fn(x, counts).backward(grad)
 
 
