@@ -113,12 +113,17 @@ def plan(site: Site, config: MXFP8Config) -> Plan:
                     graphs=_cuda_graphs(config))
 
 
+def _param(site: Site, config: MXFP8Config) -> torch.fx.Node | None:
+    """The parameter the site's op reuses the weight's quantization under, None for no reuse."""
+    return site.param_node if config.weight_cache else None
+
+
 def _replace(site: Site, config: MXFP8Config, impls: tuple[Impl, Impl, Impl],
              replaced: dict[torch.fx.Node, torch.fx.Node]) -> str:
     """Put the op in the site's place; `replaced` maps the nodes of sites replaced before to their
     ops, as a site's operands were recorded before (a grouped matmul fed by another)."""
     gm, node = site.gm, site.node
-    param = site.param_node if config.weight_cache else None
+    param = _param(site, config)
     operands = (site.a, site.b, site.args.get("bias") if site.dense else site.offs)
     operands = tuple(replaced.get(x, x) if isinstance(x, torch.fx.Node) else x for x in operands)
     with gm.graph.inserting_before(node):
@@ -240,7 +245,7 @@ def rewrite(gm: torch.fx.GraphModule, config: MXFP8Config | None) -> list[SiteRe
         else:
             name = _replace(site, cfg, site_plan.impls, replaced)
             touched[id(site.gm)] = site.gm
-            reuses = reuses or (cfg.weight_cache and site.param_node is not None)
+            reuses = reuses or _param(site, cfg) is not None
         rows += _rows(site, name, action, reason, cfg, site_plan)
     for module in touched.values():
         module.graph.lint()
