@@ -259,8 +259,8 @@ MUTATIONS: tuple[Mutation, ...] = (
              "operands = tuple(x for x in operands)",
              ("tests/patterns/test_rewrite_cases.py", "-k", "chained")),
     Mutation("pass_keys_cache_on_operand_view", "patterns/rewrite.py",
-             "param = site.param_node if config.weight_cache else None",
-             "param = site.b if config.weight_cache else None",
+             "return site.param_node if config.weight_cache else None",
+             "return site.b if config.weight_cache else None",
              (TARGETS, "-k", "under_the_pass")),
 )
 
