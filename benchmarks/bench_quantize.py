@@ -161,7 +161,8 @@ def transpose(out: str) -> None:
 def sweep_rowwise() -> None:
     """Fraction of copy bandwidth per tile of the fp8_rowwise weight-gradient quantizer's paths:
     at many token groups (those of bench_moe_block.py's fine-grained models) its one kernel per
-    `triton_rowwise.GROUPS_TILE` (rows per load, features per program, warps, stages); at few its
+    `triton_rowwise.GROUPS_TILE` (rows per load, features per program, warps, stages) and
+    `GROUPS_PER_SM` (programs per SM); at few its
     amax kernel (rows per program, rows per load, columns, warps) and cast kernel (features per
     block, blocks per program, warps)."""
     many = {k: ROWWISE_PROBS[k] for k in ("qwen3 x G=128", "qwen3 h G=128", "gpt_oss G=32", "dsv3_slice G=32")}
@@ -173,6 +174,7 @@ def sweep_rowwise() -> None:
     cast_tiles = [(128, 8, 4), (128, 4, 4), (64, 8, 4), (64, 16, 4), (256, 4, 4), (256, 4, 8), (128, 16, 4),
                   (128, 8, 8)]
     default = list(triton_rowwise.GROUPS_TILE), list(triton_rowwise.AMAX_TILE), list(triton_rowwise.CAST_TILE)
+    default_per_sm = triton_rowwise.GROUPS_PER_SM
     for name, (M, K, G) in {**many, **few}.items():
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
         offs = torch.cumsum(uneven_counts(G, M), 0, dtype=torch.int32)
@@ -181,9 +183,13 @@ def sweep_rowwise() -> None:
         if name in many:
             for tile in tiles:
                 triton_rowwise.GROUPS_TILE[:] = tile
-                ms = do_bench(quantize, return_mode="median")
-                # per element a copy moves 2 + 2 bytes, the quantizer 2 + 1
-                print(f"{name:<16} tile={tile} {ms:7.3f} ms {copy_ms * 0.75 / ms:5.2f}x copy", flush=True)
+                for per_sm in (1, 2, 4, 8):
+                    triton_rowwise.GROUPS_PER_SM = per_sm
+                    ms = do_bench(quantize, return_mode="median")
+                    # per element a copy moves 2 + 2 bytes, the quantizer 2 + 1
+                    print(f"{name:<16} tile={tile} per_sm={per_sm} {ms:7.3f} ms {copy_ms * 0.75 / ms:5.2f}x copy",
+                          flush=True)
+            triton_rowwise.GROUPS_PER_SM = default_per_sm
             continue
         amax = partial(triton_rowwise.group_amax, x, offs)
         for tile in amax_tiles:

@@ -460,7 +460,7 @@ def _grouped_mm(a, b, scale_a, scale_b, offs, cfg: Config, blockwise: bool = Fal
                       ORDERED=cfg.ORDERED, CONSUMER_REGS=cfg.CONSUMER_REGS, PRODUCER_REGS=cfg.PRODUCER_REGS,
                       num_warps=4, maxnreg=MAXNREG)
         args = (a_desc, b_desc, scale_a, scale_b, out, offs, R, N, C, E, *strides)
-        return _gemm_kernel, (tfg._sms(a.device),), args, consts
+        return _gemm_kernel, (tc.sms(a.device),), args, consts
 
     # bound once per key (kernels/launch.py), which fixes every launch argument but the tensors,
     # the descriptors' shapes and strides included: Triton's own launch binds and checks each

@@ -4,6 +4,8 @@ token-group tables held in registers, and host-side helpers for launches."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -218,3 +220,10 @@ def as_bits(t: torch.Tensor, on_gpu: bool = False) -> torch.Tensor:
     host time that small MoE layers, whose quantizers take little GPU time, do not have (see
     docs/performance.md, "Host time per op call")."""
     return t.view(torch.int16) if t.dtype == torch.bfloat16 and (on_gpu or not t.is_cuda) else t
+
+
+@functools.cache
+def sms(device: torch.device) -> int:
+    """The SMs that persistent kernels size their grids by, or a few in the interpreter. Cached:
+    the device's properties are a call per launch otherwise."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 3

@@ -27,8 +27,6 @@ there the kernel gets the bytes, decodes them to fp32 in integer math and multip
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -328,7 +326,7 @@ def _grouped_mm(a, b, scale_a, scale_b, offs, blockwise: bool) -> torch.Tensor:
     a_op, b_op = (a, b) if a.is_cuda else (a.view(torch.uint8), b.view(torch.uint8))
     if a.is_cuda:
         _ensure_allocator()
-    sms = _sms(a.device)
+    sms = tc.sms(a.device)
     consts = dict(E=E, EP=tc.pow2(E), HW_CVT=a.is_cuda, BLOCKWISE=blockwise)
     if not blockwise:
         scale_a, scale_b = scale_a.contiguous(), scale_b.contiguous()
@@ -349,13 +347,6 @@ def _grouped_mm(a, b, scale_a, scale_b, offs, blockwise: bool) -> torch.Tensor:
         tuned = _gemm_2d2d_blockwise_tuned if blockwise else _gemm_2d2d_tuned
         launch_tuned(_gemm_2d2d_kernel, tuned, key, grid, args, consts, WGRAD_INTERPRETER_CONFIG)
     return out
-
-
-@functools.cache
-def _sms(device: torch.device) -> int:
-    """The persistent kernels' programs per config's PER_SM: the SMs, or a few in the
-    interpreter. Cached: the device's properties are a call per GEMM otherwise."""
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 3
 
 
 def _ensure_allocator() -> None:

@@ -16,12 +16,13 @@ from . import rowwise
 from . import triton_common as tc
 from .launch import launch_keyed
 
-# (rows per load, features per program, warps, pipeline stages) of `quantize_groups`: best of
-# benchmarks/bench_quantize.py --sweep-rowwise
-GROUPS_TILE = [64, 64, 2, 4]
+# (rows per load, features per program, warps, pipeline stages) of `_quantize_groups_kernel`, and
+# its programs per SM: best of benchmarks/bench_quantize.py --sweep-rowwise
+GROUPS_TILE = [64, 32, 2, 4]
+GROUPS_PER_SM = 4
 # token groups from which `quantize_groups` takes `_quantize_groups_kernel`: with fewer, longer
-# groups its programs are too few and too unequal in length to keep the GPU busy, and the rows
-# are split into chunks across the programs of two kernels instead (bench_quantize.py)
+# groups the rows split into chunks across the programs of two kernels run as fast or faster
+# (bench_quantize.py --rowwise-paths)
 GROUPS_KERNEL_MIN_GROUPS = 32
 
 
@@ -31,49 +32,55 @@ def _quantize_groups_kernel(
     G: tl.constexpr, GP: tl.constexpr, ALIGN: tl.constexpr, RCEIL: tl.constexpr, HW_CVT: tl.constexpr,
     BM: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr,
 ):
-    """Program (g, q): features q*BK.. of token group g. One pass over the group's rows takes
-    their max |x| per feature (on the bits, NaN above inf, as `triton_common.block_amax`); a
-    second casts them, transposed, into the group's padded columns of y[K, Mp], padding as byte
-    0. The second pass rereads what the first just read, which L2 may still hold beside the
-    slabs of the other programs in flight; no other kernel runs. The last group's programs also
-    zero the columns past every group, program (0, 0) writes the padded group ends."""
-    g = tl.program_id(0)
-    k = tl.program_id(1) * BK + tl.arange(0, BK)
-    k_ok = k < K
+    """Persistent: of the slabs (g, q), features q*BK.. of token group g numbered group-major,
+    program p takes p, p + P, ... (P programs). One pass over a slab's rows takes their max |x|
+    per feature (on the bits, NaN above inf, as `triton_common.block_amax`); a second casts them,
+    transposed, into the group's padded columns of y[K, Mp], padding as byte 0. The second pass
+    rereads what the first just read, which L2 may still hold: a few programs per SM keep fewer
+    slabs in flight between a slab's two passes than a program per slab, all in flight at once.
+    The last group's slabs also zero the columns past every group, slab (0, 0) writes the padded
+    group ends."""
     starts, ends, chunk_ends = tc.group_table(offs_ptr, G, GP, ALIGN, M)
     i = tl.arange(0, GP)
-    start = tl.sum(tl.where(i == g, starts, 0), 0)
-    end = tl.sum(tl.where(i == g, ends, 0), 0)
-    padded_end = tl.sum(tl.where(i == g, chunk_ends, 0), 0) * ALIGN
-    padded_size = (end - start + ALIGN - 1) // ALIGN * ALIGN
-    # an elementwise running max, reduced across rows once: a reduction per load would cross
-    # warps through shared memory every iteration
-    acc = tl.zeros([BM, BK], dtype=tl.int32)
-    for r0 in tl.range(start, end, BM, num_stages=STAGES):
-        r = r0 + tl.arange(0, BM)
-        m = (r < end)[:, None] & k_ok[None, :]
-        x = tc.load_f32(x_ptr + r.to(tl.int64)[:, None] * sx_m + k[None, :], m)
-        acc = tl.maximum(acc, x.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
-    amax = tl.minimum(tl.max(acc, axis=0), 0x7F800000).to(tl.float32, bitcast=True)
-    biased = tc.scale_exponent(amax, RCEIL)
-    inv = tc.inv_scale(biased)[:, None]
-    tl.store(scales_ptr + g * K + k, tc.e8m0_to_float(biased), mask=k_ok)
-    y_row = y_ptr + k.to(tl.int64)[:, None] * Mp
-    for t0 in tl.range(0, padded_size, BM, num_stages=STAGES):
-        t = t0 + tl.arange(0, BM)
-        r = start + t
-        bits = tl.load(x_ptr + r.to(tl.int64)[:, None] * sx_m + k[None, :],
-                       mask=(r < end)[:, None] & k_ok[None, :], other=0)
-        # transposing the loaded bf16 bits, not the float8 bytes, measured faster
-        q8 = tc.scaled_to_e4m3(tc.widen(tl.trans(bits)), inv, HW_CVT)
-        j = padded_end - padded_size + t
-        tl.store(y_row + j[None, :], q8, mask=k_ok[:, None] & (t < padded_size)[None, :])
-    if g == G - 1:
-        for j0 in range(padded_end, Mp, BM):
-            j = j0 + tl.arange(0, BM)
-            tl.store(y_row + j[None, :], tl.zeros([BK, BM], dtype=tl.uint8), mask=k_ok[:, None] & (j < Mp)[None, :])
-    if (g == 0) & (tl.program_id(1) == 0):
-        tl.store(padded_ends_ptr + i, chunk_ends * ALIGN, mask=i < G)
+    QB = tl.cdiv(K, BK)
+    for item in tl.range(tl.program_id(0), G * QB, tl.num_programs(0)):
+        g = item // QB
+        q = item % QB
+        k = q * BK + tl.arange(0, BK)
+        k_ok = k < K
+        start = tl.sum(tl.where(i == g, starts, 0), 0)
+        end = tl.sum(tl.where(i == g, ends, 0), 0)
+        padded_end = tl.sum(tl.where(i == g, chunk_ends, 0), 0) * ALIGN
+        padded_size = (end - start + ALIGN - 1) // ALIGN * ALIGN
+        # an elementwise running max, reduced across rows once: a reduction per load would cross
+        # warps through shared memory every iteration
+        acc = tl.zeros([BM, BK], dtype=tl.int32)
+        for r0 in tl.range(start, end, BM, num_stages=STAGES):
+            r = r0 + tl.arange(0, BM)
+            m = (r < end)[:, None] & k_ok[None, :]
+            x = tc.load_f32(x_ptr + r.to(tl.int64)[:, None] * sx_m + k[None, :], m)
+            acc = tl.maximum(acc, x.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
+        amax = tl.minimum(tl.max(acc, axis=0), 0x7F800000).to(tl.float32, bitcast=True)
+        biased = tc.scale_exponent(amax, RCEIL)
+        inv = tc.inv_scale(biased)[:, None]
+        tl.store(scales_ptr + g * K + k, tc.e8m0_to_float(biased), mask=k_ok)
+        y_row = y_ptr + k.to(tl.int64)[:, None] * Mp
+        for t0 in tl.range(0, padded_size, BM, num_stages=STAGES):
+            t = t0 + tl.arange(0, BM)
+            r = start + t
+            bits = tl.load(x_ptr + r.to(tl.int64)[:, None] * sx_m + k[None, :],
+                           mask=(r < end)[:, None] & k_ok[None, :], other=0)
+            # transposing the loaded bf16 bits, not the float8 bytes, measured faster
+            q8 = tc.scaled_to_e4m3(tc.widen(tl.trans(bits)), inv, HW_CVT)
+            j = padded_end - padded_size + t
+            tl.store(y_row + j[None, :], q8, mask=k_ok[:, None] & (t < padded_size)[None, :])
+        if g == G - 1:
+            for j0 in range(padded_end, Mp, BM):
+                j = j0 + tl.arange(0, BM)
+                tl.store(y_row + j[None, :], tl.zeros([BK, BM], dtype=tl.uint8),
+                         mask=k_ok[:, None] & (j < Mp)[None, :])
+        if item == 0:
+            tl.store(padded_ends_ptr + i, chunk_ends * ALIGN, mask=i < G)
 
 
 # (rows per program, rows per load, columns, warps) of the amax kernel and (features per block,
@@ -187,8 +194,8 @@ def quantize_groups(
     x_MK: torch.Tensor, offs: torch.Tensor, rounding: str = "rceil"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Triton twin of `rowwise.quantize_groups` with no device work beside its kernels (host time
-    per call matters at small MoE shapes): one kernel for many token groups, an amax kernel and a
-    cast kernel for few (`GROUPS_KERNEL_MIN_GROUPS`)."""
+    per call matters at small MoE shapes): one persistent kernel for many token groups, an amax
+    kernel and a cast kernel for few (`GROUPS_KERNEL_MIN_GROUPS`)."""
     ref.check_float(x_MK)
     check_choice("rounding", rounding)
     M, K = x_MK.shape
@@ -203,9 +210,10 @@ def quantize_groups(
     if G >= GROUPS_KERNEL_MIN_GROUPS:
         bm, bk, warps, stages = tile = tuple(GROUPS_TILE)
         tensors = (tc.as_bits(x_MK, True), offs, data_KMp, scales_GK, padded_ends)
-        key = (_quantize_groups_kernel, M, K, x_MK.stride(0), G, rounding, tile)
+        programs = min(G * tc.cdiv(K, bk), tc.sms(x_MK.device) * GROUPS_PER_SM)
+        key = (_quantize_groups_kernel, M, K, x_MK.stride(0), G, rounding, tile, programs)
         launch_keyed(key, tensors, lambda: (
-            _quantize_groups_kernel, (G, tc.cdiv(K, bk)), (tensors[0], x_MK.stride(0), *tensors[1:], M, K, Mp),
+            _quantize_groups_kernel, (programs,), (tensors[0], x_MK.stride(0), *tensors[1:], M, K, Mp),
             dict(consts, BM=bm, BK=bk, STAGES=stages, num_warps=warps),
         ))
     else:

@@ -128,11 +128,14 @@ def test_triton_group_quantizer_is_bit_exact(groups_path, sizes, rounding):
 
 @pytest.mark.interpreter
 @pytest.mark.parametrize("tile, dtype", [((16, 32, 4, 2), torch.bfloat16), ((32, 16, 4, 1), torch.float32)])
-def test_triton_group_kernel_tiles_smaller_than_groups(monkeypatch, tile, dtype):
+@pytest.mark.parametrize("per_sm", [1, 10**6])
+def test_triton_group_kernel_tiles_smaller_than_groups(monkeypatch, tile, dtype, per_sm):
     """Tiles far smaller than the defaults, so that both passes take several loads per group (the
     last one ragged, padding included), feature blocks are ragged, groups are empty or end inside
-    a load, and padded columns lie past the last group: still bit-exact, NaN and inf included."""
+    a load, and padded columns lie past the last group; each program taking many slabs (the
+    interpreter's few SMs) or one: still bit-exact, NaN and inf included."""
     monkeypatch.setattr(triton_rowwise, "GROUPS_TILE", list(tile))
+    monkeypatch.setattr(triton_rowwise, "GROUPS_PER_SM", per_sm)
     monkeypatch.setattr(triton_rowwise, "GROUPS_KERNEL_MIN_GROUPS", 0)
     x, offs = _groups_case([70, 0, 5, 3, 1, 0, 130, 33], K=104, tail=7, seed=5)
     x = x.to(dtype)
