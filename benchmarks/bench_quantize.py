@@ -1,10 +1,11 @@
 """Bandwidth of every MXFP8 quantizer and of the fp8_rowwise weight-gradient quantizer, as a fraction
 of a device-to-device copy measured in the same run; or, with --sweep / --sweep-rowwise, the same
 per tile shape, which is how the kernels' tiles were chosen; or, with --rowwise-paths, the
-fp8_rowwise weight-gradient quantizer's one-kernel and two-kernel paths side by side, which is
-how `triton_rowwise.GROUPS_KERNEL_MIN_GROUPS` was chosen; or, with --transpose, the FP8 byte
-transpose of each benchmark model's expert weights (the input gradient's orientation of the weight
-cache's one form) by `triton_transpose.contiguous` beside torch's `.contiguous()`.
+fp8_rowwise weight-gradient quantizer's one-kernel (persistent, and a program per slab) and
+two-kernel paths side by side, which is how `triton_rowwise.GROUPS_KERNEL_MIN_GROUPS` was chosen;
+or, with --transpose, the FP8 byte transpose of each benchmark model's expert weights (the input
+gradient's orientation of the weight cache's one form) by `triton_transpose.contiguous` beside
+torch's `.contiguous()`.
 
     python benchmarks/bench_quantize.py [--out benchmarks/results/quantize_h200.json] [--quick]
     python benchmarks/bench_quantize.py --sweep | --sweep-rowwise
@@ -112,28 +113,29 @@ ROWWISE_PROBS = {
 
 def rowwise_paths(out: str) -> None:
     """Per `ROWWISE_PROBS` shape, the fp8_rowwise weight-gradient quantizer with its one kernel
-    and with its two (amax, then cast), checked to give the same bytes."""
-    copy_GBps, rows, default = copy_rate(), [], triton_rowwise.GROUPS_KERNEL_MIN_GROUPS
+    (its persistent grid, and a program per slab), and with its two (amax, then cast), checked to
+    give the same bytes."""
+    copy_GBps, rows = copy_rate(), []
+    default = triton_rowwise.GROUPS_KERNEL_MIN_GROUPS, triton_rowwise.GROUPS_PER_SM
+    paths = (("one_kernel", 0, default[1]), ("program_per_slab", 0, 10**6), ("two_kernels", 10**9, default[1]))
     for name, (M, K, G) in ROWWISE_PROBS.items():
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
         offs = torch.cumsum(uneven_counts(G, M), 0, dtype=torch.int32)
         ms, outs = {}, {}
-        for path, min_groups in (("one_kernel", 0), ("two_kernels", 10**9)):
-            triton_rowwise.GROUPS_KERNEL_MIN_GROUPS = min_groups
+        for path, min_groups, per_sm in paths:
+            triton_rowwise.GROUPS_KERNEL_MIN_GROUPS, triton_rowwise.GROUPS_PER_SM = min_groups, per_sm
             outs[path] = [t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
                           for t in triton_rowwise.quantize_groups(x, offs)]
             ms[path] = do_bench(partial(triton_rowwise.quantize_groups, x, offs), return_mode="median")
-        same = all(torch.equal(a, b) for a, b in zip(outs["one_kernel"], outs["two_kernels"]))
+        same = all(torch.equal(a, b) for p, *_ in paths for a, b in zip(outs[p], outs["two_kernels"]))
         moved = nbytes(x) + M * K + G * K * 4  # bf16 in, float8 data and float32 scales out
         row = {"shape": name, "M": M, "K": K, "G": G, "same_bytes": same,
                **{f"{p}_ms": t for p, t in ms.items()},
-               **{f"{p}_fraction_of_copy": moved / t / 1e6 / copy_GBps for p, t in ms.items()},
-               "two_over_one": ms["two_kernels"] / ms["one_kernel"]}
+               **{f"{p}_fraction_of_copy": moved / t / 1e6 / copy_GBps for p, t in ms.items()}}
         rows.append(row)
-        print(f"{name:<18} same={same} one kernel {ms['one_kernel']:.4f} ms "
-              f"({row['one_kernel_fraction_of_copy']:.2f}x copy)  two kernels {ms['two_kernels']:.4f} ms "
-              f"({row['two_kernels_fraction_of_copy']:.2f}x copy)  two/one {row['two_over_one']:.2f}", flush=True)
-    triton_rowwise.GROUPS_KERNEL_MIN_GROUPS = default
+        print(f"{name:<18} same={same} " + "  ".join(
+            f"{p} {ms[p]:.4f} ms ({row[p + '_fraction_of_copy']:.2f}x copy)" for p, *_ in paths), flush=True)
+    triton_rowwise.GROUPS_KERNEL_MIN_GROUPS, triton_rowwise.GROUPS_PER_SM = default
     save(out, copy_GBps, rows)
 
 
