@@ -38,10 +38,12 @@ def _quantize_groups_kernel(
     transposed, into the group's padded columns of y[K, Mp], padding as byte 0. The second pass
     rereads what the first just read, which L2 may still hold: a few programs per SM keep fewer
     slabs in flight between a slab's two passes than a program per slab, all in flight at once.
-    The last group's slabs also zero the columns past every group, slab (0, 0) writes the padded
-    group ends."""
+    The last group's slabs also zero the columns past every group, program 0 writes the padded
+    group ends (also where there are no slabs: no features)."""
     starts, ends, chunk_ends = tc.group_table(offs_ptr, G, GP, ALIGN, M)
     i = tl.arange(0, GP)
+    if tl.program_id(0) == 0:
+        tl.store(padded_ends_ptr + i, chunk_ends * ALIGN, mask=i < G)
     QB = tl.cdiv(K, BK)
     for item in tl.range(tl.program_id(0), G * QB, tl.num_programs(0)):
         g = item // QB
@@ -79,8 +81,6 @@ def _quantize_groups_kernel(
                 j = j0 + tl.arange(0, BM)
                 tl.store(y_row + j[None, :], tl.zeros([BK, BM], dtype=tl.uint8),
                          mask=k_ok[:, None] & (j < Mp)[None, :])
-        if item == 0:
-            tl.store(padded_ends_ptr + i, chunk_ends * ALIGN, mask=i < G)
 
 
 # (rows per program, rows per load, columns, warps) of the amax kernel and (features per block,
@@ -210,7 +210,7 @@ def quantize_groups(
     if G >= GROUPS_KERNEL_MIN_GROUPS:
         bm, bk, warps, stages = tile = tuple(GROUPS_TILE)
         tensors = (tc.as_bits(x_MK, True), offs, data_KMp, scales_GK, padded_ends)
-        programs = min(G * tc.cdiv(K, bk), tc.sms(x_MK.device) * GROUPS_PER_SM)
+        programs = max(min(G * tc.cdiv(K, bk), tc.sms(x_MK.device) * GROUPS_PER_SM), 1)
         key = (_quantize_groups_kernel, M, K, x_MK.stride(0), G, rounding, tile, programs)
         launch_keyed(key, tensors, lambda: (
             _quantize_groups_kernel, (programs,), (tensors[0], x_MK.stride(0), *tensors[1:], M, K, Mp),
@@ -222,7 +222,7 @@ def quantize_groups(
         tensors = (tc.as_bits(x_MK, True), offs, amax_GK, data_KMp, scales_GK, padded_ends)
         key = (_cast_groups_t_kernel, M, K, x_MK.stride(0), G, rounding, tile)
         launch_keyed(key, tensors, lambda: (
-            _cast_groups_t_kernel, (tc.cdiv(Mp, 2 * rowwise.ALIGN), tc.cdiv(K, bk * kiters)),
+            _cast_groups_t_kernel, (tc.cdiv(Mp, 2 * rowwise.ALIGN), max(tc.cdiv(K, bk * kiters), 1)),
             (tensors[0], x_MK.stride(0), *tensors[1:], M, K, Mp), dict(consts, BK=bk, KITERS=kiters, num_warps=warps),
         ))
     return data_KMp.view(torch.float8_e4m3fn), scales_GK, padded_ends

@@ -240,8 +240,10 @@ def test_quantizers_take_zero_tokens():
 
 
 @pytest.mark.interpreter
-def test_triton_quantizers_take_zero_tokens(groups_path):
-    x, offs = torch.zeros(0, 48, dtype=torch.bfloat16), make_offs([0, 0, 0])
+@pytest.mark.parametrize("M, K, sizes", [(0, 48, [0, 0, 0]), (40, 0, [10, 0, 30])])
+def test_triton_quantizers_take_zero_tokens_or_features(groups_path, M, K, sizes):
+    """No tokens, or tokens of no features: the padded group ends are still written."""
+    x, offs = torch.zeros(M, K, dtype=torch.bfloat16), make_offs(sizes)
     for a, b in zip(triton_rowwise.quantize_groups(x, offs), rowwise.quantize_groups(x, offs)):
         assert_bitwise_equal(a, b)
 
