@@ -164,9 +164,8 @@ def sweep_rowwise() -> None:
     """Fraction of copy bandwidth per tile of the fp8_rowwise weight-gradient quantizer's paths:
     at many token groups (those of bench_moe_block.py's fine-grained models) its one kernel per
     `triton_rowwise.GROUPS_TILE` (rows per load, features per program, warps, stages) and
-    `GROUPS_PER_SM` (programs per SM); at few its
-    amax kernel (rows per program, rows per load, columns, warps) and cast kernel (features per
-    block, blocks per program, warps)."""
+    `GROUPS_PER_SM` (programs per SM); at few its amax kernel (rows per program, rows per load,
+    columns, warps) and cast kernel (features per block, blocks per program, warps)."""
     many = {k: ROWWISE_PROBS[k] for k in ("qwen3 x G=128", "qwen3 h G=128", "gpt_oss G=32", "dsv3_slice G=32")}
     few = {k: ROWWISE_PROBS[k] for k in ("16384x16384 G=1", "dsv3 x G=8", "mixtral x G=8")}
     tiles = [(64, 64, 2, 4), (128, 64, 4, 3), (64, 64, 4, 3), (64, 128, 4, 3), (64, 32, 4, 4), (32, 64, 2, 3),
@@ -215,7 +214,8 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="16384x16384 only")
     p.add_argument("--sweep", action="store_true", help="time tile shapes of the quantize kernel, then exit")
     p.add_argument("--sweep-rowwise", action="store_true", help="the same for the rowwise weight-gradient quantizer")
-    p.add_argument("--rowwise-paths", action="store_true", help="its one-kernel and two-kernel paths side by side")
+    p.add_argument("--rowwise-paths", action="store_true",
+                   help="its one-kernel (both grids) and two-kernel paths side by side")
     p.add_argument("--transpose", action="store_true", help="the FP8 weights' byte transpose, ours and torch's")
     args = p.parse_args()
     require_gpu()
