@@ -21,8 +21,8 @@ from .launch import launch_keyed
 GROUPS_TILE = [64, 32, 2, 4]
 GROUPS_PER_SM = 4
 # token groups from which `quantize_groups` takes `_quantize_groups_kernel`: with fewer, longer
-# groups the rows split into chunks across the programs of two kernels run as fast or faster
-# (bench_quantize.py --rowwise-paths)
+# groups neither path wins at every shape, and the two kernels, which split the rows into chunks
+# across their programs, stay ahead at the widest (bench_quantize.py --rowwise-paths)
 GROUPS_KERNEL_MIN_GROUPS = 32
 
 
